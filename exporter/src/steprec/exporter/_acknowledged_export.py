@@ -1,0 +1,83 @@
+"""The OTLP gRPC log exporter, plus what the stock one throws away: which records were refused.
+
+`OTLPLogExporter.export` answers only SUCCESS or FAILURE, dropping the response's
+`partial_success`. steprec needs it: a second registration of an explicit run id
+comes back as a refused record, and the capability must turn that into
+`ValueError`. Everything else (channel, credentials, headers, retries, the
+`OTEL_EXPORTER_OTLP_*` environment) stays the stock exporter's.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import LogsServiceStub
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk._logs.export import LogRecordExportResult
+
+_REFUSAL_LINE = re.compile(r"^record (\d+) \[([a-z_]+)\]: (.*)$")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One record the recorder refused, with its machine code and explanation."""
+
+    index: int
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ExportOutcome:
+    """What one export call achieved: delivered at all, and which records were refused."""
+
+    delivered: bool
+    refusals: tuple[Refusal, ...] = field(default=())
+
+    def refusal_for(self, index: int) -> Refusal | None:
+        return next((r for r in self.refusals if r.index == index), None)
+
+
+def parse_refusals(error_message: str) -> tuple[Refusal, ...]:
+    """Refusals from a partial-success message; lines that do not parse are ignored."""
+    refusals = []
+    for line in error_message.splitlines():
+        if match := _REFUSAL_LINE.match(line.strip()):
+            refusals.append(Refusal(int(match[1]), match[2], match[3]))
+    return tuple(refusals)
+
+
+class _ResponseKeepingStub:
+    """LogsServiceStub that remembers the last response per calling thread."""
+
+    def __init__(self, channel: object) -> None:
+        self._stub = LogsServiceStub(channel)
+        self.last = threading.local()
+
+    def Export(self, request, metadata=None, timeout=None):  # noqa: N802 - gRPC method name
+        response = self._stub.Export(request=request, metadata=metadata, timeout=timeout)
+        self.last.response = response
+        return response
+
+
+class AcknowledgedLogExporter(OTLPLogExporter):
+    """`OTLPLogExporter` whose `export_acknowledged` also reports per-record refusals."""
+
+    def _initialize_channel_and_stub(self) -> None:
+        self._stub = _ResponseKeepingStub
+        super()._initialize_channel_and_stub()
+
+    def export_acknowledged(self, batch: Sequence[ReadableLogRecord]) -> ExportOutcome:
+        client = self._client
+        if isinstance(client, _ResponseKeepingStub):
+            client.last.response = None
+        if self.export(batch) is not LogRecordExportResult.SUCCESS:
+            return ExportOutcome(delivered=False)
+        response = getattr(client.last, "response", None) if isinstance(client, _ResponseKeepingStub) else None
+        if response is None or not response.partial_success.rejected_log_records:
+            return ExportOutcome(delivered=True)
+        return ExportOutcome(delivered=True, refusals=parse_refusals(response.partial_success.error_message))

@@ -1,0 +1,443 @@
+"""StepRecorder: the step-persistence capability, recording to a steprec recorder over OTLP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from opentelemetry._logs import LogRecord
+from pydantic_ai import CallToolsNode, ModelRequestNode
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
+
+from steprec.proto import wire
+
+from . import _records
+from ._context import active_recording, live_history
+from ._events import SnapshotSaved
+from ._history import has_model_response, is_settled
+from ._identity import check_run_id, derive_run_id
+from ._pipeline import RecorderPipeline, pipeline_for
+from ._snapshots import SnapshotEncoder
+
+DEFAULT_ENDPOINT = "127.0.0.1:4317"
+_ENDPOINT = re.compile(r"^(?:https?://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}/?$")
+
+
+def _check_endpoint(endpoint: str) -> str:
+    if not isinstance(endpoint, str) or not _ENDPOINT.match(endpoint):
+        raise ValueError(f"endpoint {endpoint!r} must look like host:port or http://host:port")
+    port = int(endpoint.rstrip("/").rsplit(":", 1)[1])
+    if not 0 < port < 65536:
+        raise ValueError(f"endpoint {endpoint!r} has port {port}, outside 1-65535")
+    return endpoint
+
+
+def _check_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
+    if not isinstance(metadata, Mapping):
+        raise ValueError(f"metadata must be a mapping of str to str, got {type(metadata).__name__}")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError(f"metadata must map str to str; {key!r}: {value!r} is not")
+    return dict(metadata)
+
+
+@dataclass
+class StepRecorder(AbstractCapability[AgentDepsT]):
+    """Records every step of an agent run to a steprec recorder: events, snapshots, tool effects.
+
+    It keeps the semantics of pydantic-ai-harness's `StepPersistence` while the
+    store lives in another process: run-boundary and step events, a continuable
+    snapshot after every settled tool cycle (and on failure), and a
+    `started`/`completed`/`failed` ledger per tool call. Snapshots and
+    tool-effect starts are waited for until the recorder acknowledged them, so
+    a process killed right after a tool returned still leaves a resume point.
+
+    ```python
+    agent = Agent(model, capabilities=[StepRecorder(agent_name="librarian")])
+    ```
+
+    Read runs back with `steprec.query.RecorderClient` and `continue_run`.
+    """
+
+    id: str | None = field(default="step_recorder", kw_only=True)
+    """Stable capability id, so durable-execution journals find the same operations on replay."""
+
+    endpoint: str = field(default_factory=lambda: os.environ.get("STEPREC_ENDPOINT", DEFAULT_ENDPOINT))
+    """The recorder's OTLP/gRPC address (`host:port`); `STEPREC_ENDPOINT` sets the default."""
+
+    agent_name: str | None = None
+    """Logical agent name; also folded into the derived run id (see `run_id`)."""
+
+    run_id: str | None = None
+    """Id of this one `Agent.run`. Explicit: used as-is, single-use (a second registration raises
+    `ValueError`). Unset with `agent_name` set: derived from both. Neither: `ctx.run_id`."""
+
+    parent_run_id: str | None = None
+    """Run that spawned this one; inferred from an enclosing recorded run when unset."""
+
+    metadata: dict[str, str] = field(default_factory=dict)
+    """Free-form strings stored on the run and on every record."""
+
+    capture_frontier: bool = False
+    """Also snapshot accepted requests before model calls and tool-call frontiers before execution."""
+
+    max_snapshots_per_run: int | None = None
+    """Retention the recorder applies to this run's snapshots (None: the recorder's default)."""
+
+    timeout_seconds: float = 5.0
+    """How long one delivery attempt may take before the records count as undelivered."""
+
+    _pipeline: RecorderPipeline | None = field(default=None, init=False, repr=False)
+    _scope: _records.RunScope | None = field(default=None, init=False, repr=False)
+    _event_sequence: int = field(default=0, init=False, repr=False)
+    _snapshot_sequence: int = field(default=0, init=False, repr=False)
+    _effect_sequence: int = field(default=0, init=False, repr=False)
+    _encoder: SnapshotEncoder = field(default_factory=SnapshotEncoder, init=False, repr=False)
+    _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
+    _annotations: dict[str, dict[str, str]] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_endpoint(self.endpoint)
+        self.metadata = _check_metadata(self.metadata)
+        if self.run_id is not None:
+            check_run_id(self.run_id)
+        if self.parent_run_id is not None:
+            check_run_id(self.parent_run_id, what="parent_run_id")
+        if self.max_snapshots_per_run is not None and (
+            not isinstance(self.max_snapshots_per_run, int) or self.max_snapshots_per_run < 1
+        ):
+            raise ValueError(f"max_snapshots_per_run must be a positive integer, got {self.max_snapshots_per_run!r}")
+        if not isinstance(self.timeout_seconds, (int, float)) or self.timeout_seconds <= 0:
+            raise ValueError(f"timeout_seconds must be a positive number, got {self.timeout_seconds!r}")
+
+    # -- per-run materialisation ---------------------------------------------------------------
+
+    async def for_run(self, ctx: RunContext[AgentDepsT]) -> AbstractCapability[AgentDepsT]:
+        """A fresh per-run copy with run id, parent and agent name resolved.
+
+        Reads the enclosing recorded run *before* this run's `wrap_run`
+        replaces it, which is how a delegate's `parent_run_id` points at its
+        orchestrator. Per-run counters start at zero in the copy, so
+        idempotency keys repeat exactly when a durable run is replayed.
+        """
+        if self.run_id is not None:
+            run_id = self.run_id
+        elif ctx.run_id is None:
+            raise RuntimeError("StepRecorder needs the agent graph to assign RunContext.run_id")
+        elif self.agent_name is not None:
+            run_id = derive_run_id(self.agent_name, ctx.run_id)
+        else:
+            run_id = ctx.run_id
+        enclosing = active_recording.get()
+        parent = self.parent_run_id
+        if parent is None and enclosing is not None and enclosing._scope is not None:
+            parent = enclosing._scope.run_id
+        agent_name = self.agent_name
+        if agent_name is None and ctx.agent is not None:
+            agent_name = ctx.agent.name
+        run = replace(self, run_id=run_id, parent_run_id=parent, agent_name=agent_name)
+        run._pipeline = pipeline_for(self.endpoint, timeout_seconds=self.timeout_seconds)
+        run._scope = _records.RunScope(run_id, ctx.conversation_id, parent, agent_name, self.metadata)
+        return run
+
+    @property
+    def recording(self) -> tuple[RecorderPipeline, _records.RunScope]:
+        if self._pipeline is None or self._scope is None:
+            raise RuntimeError("StepRecorder hook called before for_run materialised the run")
+        return self._pipeline, self._scope
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def _emit(self, record: LogRecord) -> None:
+        pipeline, _ = self.recording
+        pipeline.logger.emit(record)
+
+    async def _acknowledged(self) -> bool:
+        """Wait until the recorder answered every record emitted so far; True if it received them."""
+        pipeline, _ = self.recording
+        return await asyncio.wrap_future(pipeline.delivery.barrier())
+
+    async def _record_event(
+        self,
+        ctx: RunContext[AgentDepsT],
+        kind: str,
+        *,
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
+        error: BaseException | None = None,
+        **extra: Any,
+    ) -> LogRecord:
+        _, scope = self.recording
+        event_index = self._event_sequence
+        self._event_sequence += 1
+        record = _records.step_event(
+            scope,
+            kind,
+            step_index=ctx.run_step,
+            # The reference key: hook order is deterministic under replay, the sequence separates
+            # repeated events within a step, the rest keeps the key readable.
+            idempotency_key=f"{event_index}:{ctx.run_step}:{kind}:{tool_call_id or ''}",
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            error=error,
+            **extra,
+        )
+        self._emit(record)
+        return record
+
+    async def _save_snapshot(
+        self, ctx: RunContext[AgentDepsT], messages: list[ModelMessage], step_index: int, *, fresh: bool = False
+    ) -> None:
+        """Send a snapshot and wait for its acknowledgement: this is the resume point after a crash."""
+        _, scope = self.recording
+        state = "complete" if is_settled(messages) else "interrupted"
+        snapshot_index = self._snapshot_sequence
+        self._snapshot_sequence += 1
+        delta = self._encoder.encode(messages, fresh=fresh)
+        self._emit(
+            _records.snapshot(
+                scope,
+                snapshot_index=snapshot_index,
+                step_index=step_index,
+                state=state,
+                idempotency_key=f"{snapshot_index}:{step_index}:{state}",
+                base_index=delta.base_index,
+                keep=delta.keep,
+                append_refs=delta.append_refs,
+                new_messages=delta.new_messages,
+            )
+        )
+        self._encoder.commit(snapshot_index, delta)
+        self._last_snapshot_step = step_index
+        delivered = await self._acknowledged()
+        await ctx.emit(
+            SnapshotSaved(
+                run_id=scope.run_id,
+                conversation_id=scope.conversation_id,
+                step_index=step_index,
+                snapshot_index=snapshot_index,
+                state=state,
+                delivered=delivered,
+            )
+        )
+
+    async def _record_tool_effect(
+        self,
+        ctx: RunContext[AgentDepsT],
+        status: str,
+        call: ToolCallPart,
+        tool_name: str,
+        error: BaseException | None = None,
+    ) -> None:
+        _, scope = self.recording
+        annotations = self._annotations.get(call.tool_call_id, {})
+        effect_index = self._effect_sequence
+        self._effect_sequence += 1
+        self._emit(
+            _records.tool_effect(
+                scope,
+                status,
+                step_index=ctx.run_step,
+                record_key=f"{effect_index}:{call.tool_call_id}:{status}",
+                tool_call_id=call.tool_call_id,
+                tool_name=tool_name,
+                idempotency_key=annotations.get(wire.BODY_EFFECT_IDEMPOTENCY_KEY),
+                effect_summary=annotations.get(wire.BODY_EFFECT_SUMMARY),
+                error=error,
+            )
+        )
+
+    async def annotate(self, ctx: RunContext[Any], idempotency_key: str | None, effect_summary: str | None) -> None:
+        """Merge annotations into the in-flight tool's record; they ride along on its terminal record too."""
+        if ctx.tool_call_id is None or ctx.tool_name is None:
+            return
+        annotations = self._annotations.setdefault(ctx.tool_call_id, {})
+        if idempotency_key is not None:
+            annotations[wire.BODY_EFFECT_IDEMPOTENCY_KEY] = idempotency_key
+        if effect_summary is not None:
+            annotations[wire.BODY_EFFECT_SUMMARY] = effect_summary
+        call = ToolCallPart(tool_name=ctx.tool_name, tool_call_id=ctx.tool_call_id)
+        await self._record_tool_effect(ctx, "annotated", call, ctx.tool_name)
+        await self._acknowledged()
+
+    # -- run boundaries --------------------------------------------------------------------------
+
+    async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
+        """Make this run the enclosing one for delegates started from its tools."""
+        token = active_recording.set(self)
+        history_token = live_history.set(None)
+        try:
+            return await handler()
+        finally:
+            live_history.reset(history_token)
+            active_recording.reset(token)
+
+    async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
+        """Register the run and emit `run_started`, waiting for the recorder's answer.
+
+        The registration id distinguishes a retried registration (accepted) from
+        a second `Agent.run` claiming the same explicit run id, which the
+        recorder refuses: the tool-effect ledger keys on `(run_id,
+        tool_call_id)` and providers reuse tool-call ids, so a silent collision
+        would erase the unknown-after-crash signal.
+        """
+        pipeline, scope = self.recording
+        record = await self._record_event(
+            ctx,
+            "run_started",
+            registration_id=str(uuid.uuid4()),
+            max_snapshots=self.max_snapshots_per_run,
+        )
+        await self._acknowledged()
+        refusal = pipeline.delivery.pop_refusal(record)
+        if refusal is not None and refusal.code == wire.REFUSED_RUN_ID_TAKEN:
+            raise ValueError(
+                f"StepRecorder: run_id {scope.run_id!r} is already registered with the recorder. "
+                "run_id is single-use; pass conversation_id= to Agent.run for multi-turn grouping instead."
+            )
+
+    async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
+        """Emit `run_completed`, saving a final snapshot only when the final history differs from the last one.
+
+        The comparison re-serialises the final history, so a capability that
+        rewrote messages in place (same length, new content) is caught too.
+        """
+        messages = result.all_messages()
+        if self._encoder.refs(messages, fresh=True) != self._encoder.previous_refs and is_settled(messages):
+            step = self._last_snapshot_step if self._last_snapshot_step is not None else ctx.run_step
+            await self._save_snapshot(ctx, list(messages), step)
+        await self._record_event(ctx, "run_completed")
+        await self._acknowledged()
+        return result
+
+    async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
+        """Save the live at-failure history as the last resume point, then emit `run_failed` and re-raise.
+
+        `complete` when every tool call in it is answered, `interrupted`
+        otherwise; a history with no model response is not worth resuming
+        (unless frontier capture asked for every accepted request).
+        """
+        stashed = live_history.get()
+        if stashed is not None:
+            captured = list(stashed[0])
+            if has_model_response(captured) or (self.capture_frontier and captured):
+                await self._save_snapshot(ctx, captured, stashed[1], fresh=True)
+        await self._record_event(ctx, "run_failed", error=error)
+        await self._acknowledged()
+        raise error
+
+    # -- model requests --------------------------------------------------------------------------
+
+    async def before_model_request(
+        self, ctx: RunContext[AgentDepsT], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        if self.capture_frontier:
+            live_history.set((ctx.messages, ctx.run_step))
+            await self._save_snapshot(ctx, list(ctx.messages), ctx.run_step)
+        await self._record_event(ctx, "model_request_started")
+        return request_context
+
+    async def after_model_request(
+        self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, response: ModelResponse
+    ) -> ModelResponse:
+        await self._record_event(ctx, "model_request_completed")
+        return response
+
+    async def on_model_request_error(
+        self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, error: Exception
+    ) -> ModelResponse:
+        """Emit `model_request_failed` and re-raise; `on_run_error` saves the history that holds the request."""
+        await self._record_event(ctx, "model_request_failed", error=error)
+        raise error
+
+    # -- tool calls ------------------------------------------------------------------------------
+
+    async def before_tool_execute(
+        self, ctx: RunContext[AgentDepsT], *, call: ToolCallPart, tool_def: ToolDefinition, args: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Record the tool effect as `started` and wait for the acknowledgement before the tool runs.
+
+        If the process dies inside the tool, that record is what tells a later
+        reader the side effect may or may not have happened.
+        """
+        await self._record_tool_effect(ctx, "started", call, tool_def.name)
+        await self._record_event(ctx, "tool_call_started", tool_call_id=call.tool_call_id, tool_name=tool_def.name)
+        await self._acknowledged()
+        return args
+
+    async def after_tool_execute(
+        self,
+        ctx: RunContext[AgentDepsT],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: dict[str, Any],
+        result: Any,
+    ) -> Any:
+        await self._record_tool_effect(ctx, "completed", call, tool_def.name)
+        await self._record_event(ctx, "tool_call_completed", tool_call_id=call.tool_call_id, tool_name=tool_def.name)
+        return result
+
+    async def on_tool_execute_error(
+        self,
+        ctx: RunContext[AgentDepsT],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: dict[str, Any],
+        error: Exception,
+    ) -> Any:
+        await self._record_tool_effect(ctx, "failed", call, tool_def.name, error=error)
+        await self._record_event(
+            ctx, "tool_call_failed", tool_call_id=call.tool_call_id, tool_name=tool_def.name, error=error
+        )
+        raise error
+
+    # -- node boundaries -------------------------------------------------------------------------
+
+    async def after_node_run(
+        self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT], result: NodeResult[AgentDepsT]
+    ) -> NodeResult[AgentDepsT]:
+        """Snapshot after a settled `CallToolsNode`, folding in the pending tool-return request.
+
+        The returned `ModelRequestNode` holds the tool returns and is not yet in
+        `ctx.messages`; without folding it in, a process killed right after a
+        tool returned would have no resume point holding that return. Every
+        boundary also re-stashes the live list for `on_run_error`; the snapshot
+        candidate is a new list so the stash never sees `result.request` twice.
+        """
+        live_history.set((ctx.messages, ctx.run_step))
+        messages = list(ctx.messages)
+        if self.capture_frontier and isinstance(node, ModelRequestNode):
+            await self._save_snapshot(ctx, messages, ctx.run_step)
+        if isinstance(node, CallToolsNode):
+            if isinstance(result, ModelRequestNode):
+                messages = [*messages, result.request]
+            if is_settled(messages):
+                await self._save_snapshot(ctx, messages, ctx.run_step)
+        return result
+
+
+async def annotate_tool_effect(
+    ctx: RunContext[Any], *, idempotency_key: str | None = None, effect_summary: str | None = None
+) -> None:
+    """Attach an idempotency key and/or a summary to the in-flight tool call's effect record.
+
+    Call from inside a tool that changes the outside world, so whoever
+    inspects unresolved effects after a crash can tell whether a replay is
+    safe. The terminal `completed`/`failed` record keeps these values. A no-op
+    outside a tool call recorded by StepRecorder.
+    """
+    recording = active_recording.get()
+    if recording is not None:
+        await recording.annotate(ctx, idempotency_key, effect_summary)

@@ -1,0 +1,23 @@
+"""Capability events StepRecorder emits for observers inside the agent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic_ai import CapabilityEvent
+
+
+@dataclass(kw_only=True)
+class SnapshotSaved(CapabilityEvent, namespace="steprec", name="snapshot_saved"):
+    """A snapshot was acknowledged by the recorder (or, if it was down, handed to delivery).
+
+    `delivered` is False when the recorder could not be reached; the recorder,
+    not this notification, is the source of truth.
+    """
+
+    run_id: str
+    conversation_id: str | None
+    step_index: int
+    snapshot_index: int
+    state: str
+    delivered: bool

@@ -1,0 +1,73 @@
+"""One OpenTelemetry logs pipeline per recorder endpoint, shared by every StepRecorder in the process.
+
+Sharing keeps one connection and one emit order for an orchestrator and its
+delegates, and gives interpreter exit a single place to deliver what is pending.
+The pipeline is private to steprec: it never touches the global LoggerProvider,
+so an application's own logging setup neither receives nor reroutes steps.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+from opentelemetry._logs import Logger
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk.resources import Resource
+
+from steprec.proto import wire
+
+from ._acknowledged_export import AcknowledgedLogExporter
+from ._delivery import OrderedDeliveryProcessor
+
+try:
+    EXPORTER_VERSION = version("steprec-exporter")
+except PackageNotFoundError:  # running from a source tree without installing
+    EXPORTER_VERSION = "0+unknown"
+
+_SHUTDOWN_TIMEOUT_MILLIS = 10_000
+
+
+@dataclass(frozen=True)
+class RecorderPipeline:
+    """The LoggerProvider, its delivery processor and the logger StepRecorder emits through."""
+
+    provider: LoggerProvider
+    delivery: OrderedDeliveryProcessor
+    logger: Logger
+
+
+_lock = threading.Lock()
+_pipelines: dict[tuple[str, float], RecorderPipeline] = {}
+
+
+def pipeline_for(endpoint: str, *, timeout_seconds: float) -> RecorderPipeline:
+    """The shared pipeline for `endpoint`, created on first use."""
+    key = (endpoint, timeout_seconds)
+    with _lock:
+        if (pipeline := _pipelines.get(key)) is None:
+            exporter = AcknowledgedLogExporter(endpoint=endpoint, insecure=True, timeout=timeout_seconds)
+            delivery = OrderedDeliveryProcessor(exporter)
+            provider = LoggerProvider(
+                resource=Resource.create({"steprec.exporter.version": EXPORTER_VERSION}),
+                shutdown_on_exit=False,
+            )
+            provider.add_log_record_processor(delivery)
+            pipeline = RecorderPipeline(provider, delivery, provider.get_logger(wire.SCOPE_NAME, EXPORTER_VERSION))
+            _pipelines[key] = pipeline
+        return pipeline
+
+
+def shutdown_pipelines() -> None:
+    """Deliver what is pending (bounded in time) and close every pipeline."""
+    with _lock:
+        pipelines = list(_pipelines.values())
+        _pipelines.clear()
+    for pipeline in pipelines:
+        pipeline.provider.force_flush(_SHUTDOWN_TIMEOUT_MILLIS)
+        pipeline.provider.shutdown()
+
+
+atexit.register(shutdown_pipelines)

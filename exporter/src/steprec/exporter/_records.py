@@ -1,0 +1,138 @@
+"""Turning step-persistence facts into OTLP log records (docs/wire-format.md).
+
+Each function builds one `LogRecord`; its trace and span ids come from the
+OpenTelemetry context active at the call, so a step lines up with
+pydantic-ai's own spans.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry._logs import LogRecord, SeverityNumber
+
+from steprec.proto import wire
+
+
+@dataclass(frozen=True)
+class RunScope:
+    """The lineage every record of one run carries."""
+
+    run_id: str
+    conversation_id: str | None
+    parent_run_id: str | None
+    agent_name: str | None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    def attributes(self, step_index: int, idempotency_key: str | None) -> dict[str, str | int]:
+        attributes: dict[str, str | int] = {wire.RUN_ID: self.run_id, wire.STEP_INDEX: step_index}
+        for name, value in (
+            (wire.CONVERSATION_ID, self.conversation_id),
+            (wire.PARENT_RUN_ID, self.parent_run_id),
+            (wire.AGENT_NAME, self.agent_name),
+            (wire.IDEMPOTENCY_KEY, idempotency_key),
+        ):
+            if value is not None:
+                attributes[name] = value
+        return attributes
+
+
+def _record(event_name: str, attributes: dict, body: dict, *, error: bool = False) -> LogRecord:
+    return LogRecord(
+        timestamp=time.time_ns(),
+        event_name=event_name,
+        severity_number=SeverityNumber.ERROR if error else SeverityNumber.INFO,
+        attributes=attributes,
+        body=body,
+    )
+
+
+def step_event(
+    scope: RunScope,
+    kind: str,
+    *,
+    step_index: int,
+    idempotency_key: str,
+    tool_call_id: str | None = None,
+    tool_name: str | None = None,
+    error: BaseException | None = None,
+    registration_id: str | None = None,
+    max_snapshots: int | None = None,
+) -> LogRecord:
+    """One of the nine step events; `run_started` also registers the run id."""
+    attributes = scope.attributes(step_index, idempotency_key)
+    for name, value in (
+        (wire.TOOL_CALL_ID, tool_call_id),
+        (wire.TOOL_NAME, tool_name),
+        (wire.REGISTRATION_ID, registration_id),
+        (wire.MAX_SNAPSHOTS, max_snapshots),
+    ):
+        if value is not None:
+            attributes[name] = value
+    if error is not None:
+        attributes[wire.ERROR_TYPE] = type(error).__qualname__
+        attributes[wire.ERROR_MESSAGE] = repr(error)
+    return _record(wire.EVENT_PREFIX + kind, attributes, {wire.BODY_METADATA: dict(scope.metadata)}, error=error is not None)
+
+
+def snapshot(
+    scope: RunScope,
+    *,
+    snapshot_index: int,
+    step_index: int,
+    state: str,
+    idempotency_key: str,
+    base_index: int | None,
+    keep: int,
+    append_refs: bytes,
+    new_messages: list[str],
+) -> LogRecord:
+    """A continuable snapshot, sent as a delta of the run's previous one.
+
+    The history is the first `keep` references of snapshot `base_index`
+    followed by `append_refs`; `new_messages` carries the JSON of every
+    referenced message this run has not sent before, so each distinct message
+    crosses the wire once per run.
+    """
+    attributes = scope.attributes(step_index, idempotency_key)
+    attributes[wire.SNAPSHOT_INDEX] = snapshot_index
+    attributes[wire.SNAPSHOT_STATE] = state
+    attributes[wire.SNAPSHOT_KEEP] = keep
+    if base_index is not None:
+        attributes[wire.SNAPSHOT_BASE_INDEX] = base_index
+    body = {wire.BODY_APPEND_REFS: append_refs, wire.BODY_MESSAGES: new_messages}
+    return _record(wire.SNAPSHOT, attributes, body)
+
+
+def tool_effect(
+    scope: RunScope,
+    status: str,
+    *,
+    step_index: int,
+    record_key: str,
+    tool_call_id: str,
+    tool_name: str,
+    idempotency_key: str | None = None,
+    effect_summary: str | None = None,
+    error: BaseException | None = None,
+) -> LogRecord:
+    """A tool-effect ledger entry.
+
+    `record_key` suppresses a redelivered copy of this record, like an event's
+    key; `idempotency_key` is the tool's own annotation of its side effect.
+    """
+    attributes = scope.attributes(step_index, record_key)
+    attributes[wire.EFFECT_STATUS] = status
+    attributes[wire.TOOL_CALL_ID] = tool_call_id
+    attributes[wire.TOOL_NAME] = tool_name
+    if error is not None:
+        attributes[wire.ERROR_TYPE] = type(error).__qualname__
+        attributes[wire.ERROR_MESSAGE] = repr(error)
+    body: dict[str, str] = {}
+    if idempotency_key is not None:
+        body[wire.BODY_EFFECT_IDEMPOTENCY_KEY] = idempotency_key
+    if effect_summary is not None:
+        body[wire.BODY_EFFECT_SUMMARY] = effect_summary
+    return _record(wire.TOOL_EFFECT, attributes, body, error=error is not None)

@@ -1,0 +1,183 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ListRunsRequest(_message.Message):
+    __slots__ = ("conversation_id", "parent_run_id", "agent_name")
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    conversation_id: str
+    parent_run_id: str
+    agent_name: str
+    def __init__(self, conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ...) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[Run]
+    def __init__(self, runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ...) -> None: ...
+
+class Run(_message.Message):
+    __slots__ = ("run_id", "conversation_id", "parent_run_id", "agent_name", "metadata", "started_at_unix_nano", "ended_at_unix_nano", "outcome", "registration_id")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    conversation_id: str
+    parent_run_id: str
+    agent_name: str
+    metadata: _containers.ScalarMap[str, str]
+    started_at_unix_nano: int
+    ended_at_unix_nano: int
+    outcome: str
+    registration_id: str
+    def __init__(self, run_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., started_at_unix_nano: _Optional[int] = ..., ended_at_unix_nano: _Optional[int] = ..., outcome: _Optional[str] = ..., registration_id: _Optional[str] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[StepEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[StepEvent, _Mapping]]] = ...) -> None: ...
+
+class StepEvent(_message.Message):
+    __slots__ = ("run_id", "kind", "step_index", "timestamp_unix_nano", "conversation_id", "parent_run_id", "agent_name", "tool_call_id", "tool_name", "error", "metadata", "idempotency_key", "trace_id", "span_id")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    kind: str
+    step_index: int
+    timestamp_unix_nano: int
+    conversation_id: str
+    parent_run_id: str
+    agent_name: str
+    tool_call_id: str
+    tool_name: str
+    error: str
+    metadata: _containers.ScalarMap[str, str]
+    idempotency_key: str
+    trace_id: str
+    span_id: str
+    def __init__(self, run_id: _Optional[str] = ..., kind: _Optional[str] = ..., step_index: _Optional[int] = ..., timestamp_unix_nano: _Optional[int] = ..., conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., error: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., trace_id: _Optional[str] = ..., span_id: _Optional[str] = ...) -> None: ...
+
+class ReadSnapshotRequest(_message.Message):
+    __slots__ = ("run_id", "include_interrupted")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    include_interrupted: bool
+    def __init__(self, run_id: _Optional[str] = ..., include_interrupted: _Optional[bool] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("info", "messages_json")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
+    info: SnapshotInfo
+    messages_json: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, info: _Optional[_Union[SnapshotInfo, _Mapping]] = ..., messages_json: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class SnapshotInfo(_message.Message):
+    __slots__ = ("run_id", "snapshot_index", "step_index", "state", "timestamp_unix_nano", "conversation_id", "parent_run_id", "agent_name", "idempotency_key", "message_count")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    snapshot_index: int
+    step_index: int
+    state: str
+    timestamp_unix_nano: int
+    conversation_id: str
+    parent_run_id: str
+    agent_name: str
+    idempotency_key: str
+    message_count: int
+    def __init__(self, run_id: _Optional[str] = ..., snapshot_index: _Optional[int] = ..., step_index: _Optional[int] = ..., state: _Optional[str] = ..., timestamp_unix_nano: _Optional[int] = ..., conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., message_count: _Optional[int] = ...) -> None: ...
+
+class ListToolEffectsRequest(_message.Message):
+    __slots__ = ("run_id", "unresolved_only")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    UNRESOLVED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    unresolved_only: bool
+    def __init__(self, run_id: _Optional[str] = ..., unresolved_only: _Optional[bool] = ...) -> None: ...
+
+class ListToolEffectsResponse(_message.Message):
+    __slots__ = ("effects",)
+    EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    effects: _containers.RepeatedCompositeFieldContainer[ToolEffect]
+    def __init__(self, effects: _Optional[_Iterable[_Union[ToolEffect, _Mapping]]] = ...) -> None: ...
+
+class ToolEffect(_message.Message):
+    __slots__ = ("run_id", "tool_call_id", "tool_name", "status", "started_at_unix_nano", "ended_at_unix_nano", "idempotency_key", "effect_summary")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    tool_call_id: str
+    tool_name: str
+    status: str
+    started_at_unix_nano: int
+    ended_at_unix_nano: int
+    idempotency_key: str
+    effect_summary: str
+    def __init__(self, run_id: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., status: _Optional[str] = ..., started_at_unix_nano: _Optional[int] = ..., ended_at_unix_nano: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., effect_summary: _Optional[str] = ...) -> None: ...

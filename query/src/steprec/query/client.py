@@ -1,0 +1,172 @@
+"""RecorderClient: the async reader of a steprec recorder's query API."""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+
+import grpc
+from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+from steprec.proto.query.v1 import query_pb2 as pb
+from steprec.proto.query.v1 import query_pb2_grpc
+
+from .types import RunRecord, Snapshot, StepEvent, ToolEffectRecord, from_unix_nano
+
+DEFAULT_ENDPOINT = "127.0.0.1:4317"
+
+
+class RecorderUnavailable(ConnectionError):
+    """The recorder could not be reached or did not answer in time."""
+
+
+def _optional(message, name: str):
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def _run(run: pb.Run) -> RunRecord:
+    return RunRecord(
+        run_id=run.run_id,
+        conversation_id=_optional(run, "conversation_id"),
+        parent_run_id=_optional(run, "parent_run_id"),
+        agent_name=_optional(run, "agent_name"),
+        metadata=dict(run.metadata),
+        started_at=from_unix_nano(run.started_at_unix_nano),
+        ended_at=from_unix_nano(run.ended_at_unix_nano) if run.HasField("ended_at_unix_nano") else None,
+        outcome=run.outcome,
+        registration_id=run.registration_id,
+    )
+
+
+def _event(event: pb.StepEvent) -> StepEvent:
+    return StepEvent(
+        run_id=event.run_id,
+        kind=event.kind,
+        step_index=event.step_index,
+        timestamp=from_unix_nano(event.timestamp_unix_nano),
+        metadata=dict(event.metadata),
+        trace_id=event.trace_id or None,
+        span_id=event.span_id or None,
+        **{
+            name: _optional(event, name)
+            for name in (
+                "conversation_id", "parent_run_id", "agent_name", "tool_call_id", "tool_name", "error",
+                "idempotency_key",
+            )
+        },
+    )  # fmt: skip
+
+
+def _effect(effect: pb.ToolEffect) -> ToolEffectRecord:
+    return ToolEffectRecord(
+        run_id=effect.run_id,
+        tool_call_id=effect.tool_call_id,
+        tool_name=effect.tool_name,
+        status=effect.status,
+        started_at=from_unix_nano(effect.started_at_unix_nano),
+        ended_at=from_unix_nano(effect.ended_at_unix_nano) if effect.HasField("ended_at_unix_nano") else None,
+        idempotency_key=_optional(effect, "idempotency_key"),
+        effect_summary=_optional(effect, "effect_summary"),
+    )
+
+
+class RecorderClient:
+    """Async client of a recorder's query service; use as `async with RecorderClient(endpoint) as client`.
+
+    Every call returns typed records (`RunRecord`, `StepEvent`, `Snapshot`,
+    `ToolEffectRecord`) and raises `RecorderUnavailable` when the recorder
+    cannot be reached, `ValueError` for an argument the recorder refused.
+    """
+
+    def __init__(self, endpoint: str | None = None, *, timeout_seconds: float = 10.0) -> None:
+        self.endpoint = endpoint or os.environ.get("STEPREC_ENDPOINT", DEFAULT_ENDPOINT)
+        self.timeout = timeout_seconds
+        self._channel = grpc.aio.insecure_channel(self.endpoint.removeprefix("http://"))
+        self._stub = query_pb2_grpc.RecorderQueryStub(self._channel)
+
+    async def __aenter__(self) -> RecorderClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _call(self, method, request):
+        try:
+            return await method(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as error:
+            raise _translate(error, self.endpoint) from None
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        """The run, or None when the recorder never saw it."""
+        try:
+            return _run(await self._call(self._stub.GetRun, pb.GetRunRequest(run_id=run_id)))
+        except LookupError:
+            return None
+
+    async def list_runs(
+        self,
+        *,
+        conversation_id: str | None = None,
+        parent_run_id: str | None = None,
+        agent_name: str | None = None,
+    ) -> list[RunRecord]:
+        """Runs matching every given filter, oldest start first (so `[-1]` is the newest)."""
+        request = pb.ListRunsRequest(conversation_id=conversation_id, parent_run_id=parent_run_id, agent_name=agent_name)
+        return [_run(run) for run in (await self._call(self._stub.ListRuns, request)).runs]
+
+    async def list_events(self, run_id: str) -> list[StepEvent]:
+        """A run's step events in write order."""
+        response = await self._call(self._stub.ListEvents, pb.ListEventsRequest(run_id=run_id))
+        return [_event(event) for event in response.events]
+
+    async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> Snapshot | None:
+        """The newest `complete` snapshot (newest of either state with `include_interrupted`), or None."""
+        request = pb.ReadSnapshotRequest(run_id=run_id, include_interrupted=include_interrupted)
+        info, messages = None, []
+        try:
+            async for chunk in self._stub.ReadSnapshot(request, timeout=self.timeout):
+                if chunk.HasField("info"):
+                    info = chunk.info
+                messages.extend(chunk.messages_json)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise _translate(error, self.endpoint) from None
+        if info is None:
+            return None
+        return Snapshot(
+            run_id=info.run_id,
+            snapshot_index=info.snapshot_index,
+            step_index=info.step_index,
+            state=info.state,
+            timestamp=from_unix_nano(info.timestamp_unix_nano),
+            messages=ModelMessagesTypeAdapter.validate_json(b"[" + b",".join(messages) + b"]"),
+            conversation_id=_optional(info, "conversation_id"),
+            parent_run_id=_optional(info, "parent_run_id"),
+            agent_name=_optional(info, "agent_name"),
+            idempotency_key=_optional(info, "idempotency_key"),
+        )
+
+    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        """The tool-effect ledger of a run, one record per tool call, latest status."""
+        response = await self._call(self._stub.ListToolEffects, pb.ListToolEffectsRequest(run_id=run_id))
+        return [_effect(effect) for effect in response.effects]
+
+    async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        """Tool calls that started and never finished: their side effect may or may not have happened."""
+        request = pb.ListToolEffectsRequest(run_id=run_id, unresolved_only=True)
+        return [_effect(effect) for effect in (await self._call(self._stub.ListToolEffects, request)).effects]
+
+
+def _translate(error: grpc.aio.AioRpcError, endpoint: str) -> Exception:
+    code = error.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return RecorderUnavailable(f"recorder at {endpoint} is not reachable: {error.details()}")
+    if code == grpc.StatusCode.NOT_FOUND:
+        return LookupError(error.details())
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return ValueError(error.details())
+    return RuntimeError(f"recorder at {endpoint} answered {code.name}: {error.details()}")

@@ -1,0 +1,82 @@
+"""What RecorderClient returns: typed records shaped like pydantic-ai-harness's, never raw protobuf."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic_ai.messages import ModelMessage
+
+RunOutcome = Literal["running", "completed", "failed"]
+SnapshotState = Literal["complete", "interrupted"]
+ToolEffectStatus = Literal["started", "completed", "failed"]
+
+
+def from_unix_nano(value: int) -> datetime:
+    return datetime.fromtimestamp(value / 1e9, tz=UTC)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """Lineage of one `Agent.run`, and how it ended so far."""
+
+    run_id: str
+    conversation_id: str | None
+    parent_run_id: str | None
+    agent_name: str | None
+    metadata: dict[str, str]
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: RunOutcome
+    registration_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepEvent:
+    """One boundary of a run (run, model request or tool call started/completed/failed)."""
+
+    run_id: str
+    kind: str
+    step_index: int
+    timestamp: datetime
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    agent_name: str | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    error: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    trace_id: str | None = None
+    span_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """A continuable message history; pass `messages` to `Agent.run(message_history=...)`."""
+
+    run_id: str
+    snapshot_index: int
+    step_index: int
+    state: SnapshotState
+    timestamp: datetime
+    messages: list[ModelMessage]
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    agent_name: str | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolEffectRecord:
+    """A tool call's side-effect status; `started` with no end means unknown after a crash."""
+
+    run_id: str
+    tool_call_id: str
+    tool_name: str
+    status: ToolEffectStatus
+    started_at: datetime
+    ended_at: datetime | None = None
+    idempotency_key: str | None = None
+    effect_summary: str | None = None

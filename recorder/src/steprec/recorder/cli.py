@@ -1,0 +1,59 @@
+"""`steprec serve` and `steprec demo`, registered into the `steprec` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+
+def _listen_address(value: str) -> str:
+    host, separator, port = value.rpartition(":")
+    if not separator or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (port 0-65535; 0 picks a free one)")
+    return value
+
+
+def _serve(options: argparse.Namespace) -> int:
+    from .server import ServeOptions, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(ServeOptions(listen=options.listen, data_dir=options.data)))
+    return 0
+
+
+def _demo(options: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return asyncio.run(run_demo(options.data))
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="run the recorder daemon",
+        description="Receive OTLP log records from StepRecorder, store them in DuckDB, answer queries.",
+    )
+    serve.add_argument(
+        "--listen",
+        type=_listen_address,
+        default=os.environ.get("STEPREC_LISTEN", "127.0.0.1:4317"),
+        help="HOST:PORT for OTLP ingest and queries (default 127.0.0.1:4317, loopback only; env STEPREC_LISTEN)",
+    )
+    serve.add_argument(
+        "--data",
+        type=Path,
+        default=Path(os.environ.get("STEPREC_DATA", "steprec-data")),
+        help="folder holding the DuckDB file (default ./steprec-data; env STEPREC_DATA)",
+    )
+    serve.set_defaults(run=_serve)
+
+    demo = commands.add_parser(
+        "demo",
+        help="record a demo agent end to end and read it back",
+        description="Start a recorder on a free loopback port, run demo agents through it, read the runs back.",
+    )
+    demo.add_argument("--data", type=Path, default=None, help="keep the recorder's data in this folder (default: a temporary one)")
+    demo.set_defaults(run=_demo)

@@ -1,0 +1,170 @@
+"""`steprec demo`: the whole path, agent -> recorder -> query client -> resumed agent, with nothing running beforehand."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from steprec.exporter import StepRecorder, shutdown_pipelines
+from steprec.query import RecorderClient, RunRecord, continue_run, fork_run
+
+from .process import RecorderProcess
+
+CONVERSATION = "demo-trip"
+
+
+def _tool_returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
+    return [p for m in messages if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, ToolReturnPart)]
+
+
+def _planner_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Plans a trip: weather, then a currency conversion, then asks the librarian, then answers."""
+    done = len(_tool_returns(messages))
+    plan = [
+        ToolCallPart("weather", {"city": "Lisbon"}),
+        ToolCallPart("convert", {"amount": 120, "currency": "EUR"}),
+        ToolCallPart("ask_librarian", {"question": "best museum in Lisbon?"}),
+    ]
+    if done < len(plan):
+        return ModelResponse(parts=[plan[done]])
+    if isinstance(messages[-1], ModelRequest) and any(isinstance(p, UserPromptPart) for p in messages[-1].parts):
+        return ModelResponse(parts=[TextPart("Pack sunglasses and comfortable shoes: it will be 21°C and sunny.")])
+    facts = "; ".join(str(p.content) for p in _tool_returns(messages))
+    return ModelResponse(parts=[TextPart(f"Trip plan: {facts}")])
+
+
+def _librarian_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    if not _tool_returns(messages):
+        return ModelResponse(parts=[ToolCallPart("search_catalogue", {"topic": "Lisbon museums"})])
+    return ModelResponse(parts=[TextPart("The Gulbenkian Museum.")])
+
+
+def _flaky_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Books a hotel, then the provider 'goes down' on the next request."""
+    if not _tool_returns(messages):
+        return ModelResponse(parts=[ToolCallPart("book_hotel", {"city": "Lisbon", "nights": 3})])
+    raise ConnectionError("model provider unavailable (simulated)")
+
+
+def _build_agents(endpoint: str) -> tuple[Agent, Agent, Agent]:
+    librarian = Agent(FunctionModel(_librarian_model), name="librarian", capabilities=[StepRecorder(endpoint=endpoint)])
+
+    @librarian.tool_plain
+    def search_catalogue(topic: str) -> str:
+        return f"3 catalogue entries about {topic}"
+
+    planner = Agent(
+        FunctionModel(_planner_model),
+        name="planner",
+        capabilities=[StepRecorder(endpoint=endpoint, agent_name="planner", metadata={"demo": "trip"})],
+    )
+
+    @planner.tool_plain
+    def weather(city: str) -> str:
+        return f"{city}: 21°C, sunny"
+
+    @planner.tool_plain
+    def convert(amount: float, currency: str) -> str:
+        return f"{amount} {currency} = {amount * 1.08:.2f} USD"
+
+    @planner.tool_plain
+    async def ask_librarian(question: str) -> str:
+        # A delegate run inside a tool: its parent_run_id is inferred as the planner's run.
+        return (await librarian.run(question)).output
+
+    booker = Agent(FunctionModel(_flaky_model), name="booker", capabilities=[StepRecorder(endpoint=endpoint)])
+
+    @booker.tool_plain
+    def book_hotel(city: str, nights: int) -> str:
+        return f"booked {nights} nights in {city}, confirmation H-4711"
+
+    return planner, librarian, booker
+
+
+def _print_tree(runs: list[RunRecord], children: dict[str | None, list[RunRecord]], depth: int = 0) -> None:
+    for run in runs:
+        label = run.agent_name or "?"
+        print(f"{'    ' * depth}{'└── ' if depth else ''}{label}  {run.run_id}  [{run.outcome}]")
+        _print_tree(children.get(run.run_id, []), children, depth + 1)
+
+
+async def _summary(client: RecorderClient, run: RunRecord) -> str:
+    events = await client.list_events(run.run_id)
+    effects = await client.list_tool_effects(run.run_id)
+    snapshot = await client.latest_snapshot(run.run_id, include_interrupted=True)
+    tools = ", ".join(f"{e.tool_name}={e.status}" for e in effects) or "none"
+    duration = (run.ended_at - run.started_at).total_seconds() * 1000 if run.ended_at else float("nan")
+    snap = f"{snapshot.state} snapshot of {len(snapshot.messages)} messages" if snapshot else "no snapshot"
+    error = next((e.error for e in events if e.kind == "run_failed"), None)
+    line = (
+        f"  {run.agent_name:<10} {run.outcome:<9} {duration:7.1f} ms  {len(events):2d} events  "
+        f"tools: {tools}  {snap}"
+    )
+    return line + (f"\n             error: {error}" if error else "")
+
+
+async def run_demo(data_dir: Path | None) -> int:
+    with tempfile.TemporaryDirectory(prefix="steprec-demo-") as scratch:
+        folder = data_dir or Path(scratch)
+        with RecorderProcess(folder) as recorder:
+            print(f"recorder: steprec serve on {recorder.endpoint}, DuckDB file in {folder}")
+            await _record_and_read_back(recorder.endpoint)
+            shutdown_pipelines()
+        print("recorder stopped cleanly; done.")
+    return 0
+
+
+async def _record_and_read_back(endpoint: str) -> None:
+    planner, _, booker = _build_agents(endpoint)
+
+    print("\n1. recording: planner (3 tool calls, one delegating to the librarian sub-agent)")
+    result = await planner.run("Plan a weekend in Lisbon", conversation_id=CONVERSATION)
+    print(f"   planner said: {result.output}")
+    print("2. recording: booker, whose model provider fails after one tool call")
+    try:
+        await booker.run("Book a hotel in Lisbon", conversation_id="demo-booking")
+    except ConnectionError as error:
+        print(f"   booker failed as planned: {error}")
+
+    async with RecorderClient(endpoint) as client:
+        runs = await client.list_runs()
+        children: dict[str | None, list[RunRecord]] = {}
+        for run in runs:
+            children.setdefault(run.parent_run_id, []).append(run)
+        print("\n3. read back over gRPC - run tree:")
+        _print_tree(children.get(None, []), children)
+        print("\n   per run:")
+        for run in runs:
+            print(await _summary(client, run))
+
+        planner_run = (await client.list_runs(conversation_id=CONVERSATION))[-1]
+        history = await continue_run(client, run_id=planner_run.run_id)
+        print(f"\n4. continue_run({planner_run.run_id}) -> {len(history)} messages; asking a follow-up")
+        follow_up = await planner.run("And what should I pack?", message_history=history, conversation_id=CONVERSATION)
+        print(f"   planner (continued) said: {follow_up.output}")
+
+        booker_run = (await client.list_runs(conversation_id="demo-booking"))[-1]
+        unresolved = await client.list_unresolved_tool_effects(booker_run.run_id)
+        forked = await fork_run(client, run_id=booker_run.run_id)
+        print(
+            f"5. fork_run({booker_run.run_id}) -> {len(forked)} messages "
+            f"(the settled point after book_hotel; unresolved effects: {len(unresolved)})"
+        )
+        fork_agent = Agent(
+            FunctionModel(lambda m, i: ModelResponse(parts=[TextPart("Hotel H-4711 is booked; nothing to redo.")])),
+            name="booker",
+            capabilities=[StepRecorder(endpoint=endpoint)],
+        )
+        forked_result = await fork_agent.run("Confirm the booking", message_history=forked, conversation_id="demo-fork")
+        print(f"   forked booker said: {forked_result.output}")
+
+        runs = await client.list_runs()
+        print(f"\n6. the recorder now holds {len(runs)} runs:")
+        children = {}
+        for run in runs:
+            children.setdefault(run.parent_run_id, []).append(run)
+        _print_tree(children.get(None, []), children)

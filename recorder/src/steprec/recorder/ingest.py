@@ -1,0 +1,50 @@
+"""OTLP LogsService/Export: decode, validate, commit, and only then answer.
+
+The answer is the acknowledgement the exporter's barriers wait for, so it is
+sent after the transaction committed. Refused records are reported through
+OTLP partial success, one `record <i> [<code>]: <reason>` line each; the good
+records of the same request are stored regardless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+
+from .decode import decode_request
+from .store import DuckDBStore
+
+logger = logging.getLogger(__name__)
+
+_MAX_REASON_LINES = 100
+
+
+class LogsIngest(logs_service_pb2_grpc.LogsServiceServicer):
+    """The OTLP logs receiver, writing into a DuckDBStore."""
+
+    def __init__(self, store: DuckDBStore) -> None:
+        self._store = store
+
+    async def Export(  # noqa: N802 - gRPC method name
+        self, request: logs_service_pb2.ExportLogsServiceRequest, context: grpc.aio.ServicerContext
+    ) -> logs_service_pb2.ExportLogsServiceResponse:
+        records, refusals = decode_request(request)
+        try:
+            refused_in_store, _ = await asyncio.to_thread(self._store.ingest, records)
+        except Exception:
+            logger.exception("ingest of %d records failed; nothing of this request was stored", len(records))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the recorder could not commit this request; retry")
+        refusals = sorted(refusals + refused_in_store, key=lambda r: r.index)
+        response = logs_service_pb2.ExportLogsServiceResponse()
+        if refusals:
+            for refusal in refusals[:10]:
+                logger.warning("refused %s", refusal.line())
+            lines = [r.line() for r in refusals[:_MAX_REASON_LINES]]
+            if len(refusals) > _MAX_REASON_LINES:
+                lines.append(f"... and {len(refusals) - _MAX_REASON_LINES} more")
+            response.partial_success.rejected_log_records = len(refusals)
+            response.partial_success.error_message = "\n".join(lines)
+        return response

@@ -1,0 +1,145 @@
+"""The steprec.query.v1 RecorderQuery service: store reads as protobuf."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import grpc
+
+from steprec.proto.query.v1 import query_pb2 as pb
+from steprec.proto.query.v1 import query_pb2_grpc
+
+from .store import DuckDBStore
+
+_RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_CHUNK_BYTES = 1 << 20
+"""Messages per snapshot chunk are packed up to about 1 MiB, far below the 4 MiB gRPC cap."""
+
+
+async def _valid_run_id(run_id: str, context: grpc.aio.ServicerContext) -> str:
+    if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"run_id {run_id[:80]!r} is not 1-200 of [A-Za-z0-9_.-] without '..'"
+        )
+    return run_id
+
+
+def _optional(message, **values) -> None:
+    for name, value in values.items():
+        if value is not None:
+            setattr(message, name, value)
+
+
+def _run(row: dict) -> pb.Run:
+    run = pb.Run(
+        run_id=row["run_id"],
+        registration_id=row["registration_id"],
+        started_at_unix_nano=row["started_at_ns"],
+        outcome=row["outcome"],
+        metadata=row["metadata"] or {},
+    )
+    _optional(
+        run,
+        conversation_id=row["conversation_id"],
+        parent_run_id=row["parent_run_id"],
+        agent_name=row["agent_name"],
+        ended_at_unix_nano=row["ended_at_ns"],
+    )
+    return run
+
+
+def _event(row: dict) -> pb.StepEvent:
+    event = pb.StepEvent(
+        run_id=row["run_id"],
+        kind=row["kind"],
+        step_index=row["step_index"],
+        timestamp_unix_nano=row["at_ns"],
+        metadata=row["metadata"] or {},
+        trace_id=row["trace_id"] or "",
+        span_id=row["span_id"] or "",
+    )
+    _optional(
+        event,
+        **{k: row[k] for k in ("conversation_id", "parent_run_id", "agent_name", "tool_call_id", "tool_name", "error")},
+        idempotency_key=row["idempotency_key"],
+    )
+    return event
+
+
+def _effect(row: dict) -> pb.ToolEffect:
+    effect = pb.ToolEffect(
+        run_id=row["run_id"],
+        tool_call_id=row["tool_call_id"],
+        tool_name=row["tool_name"],
+        status=row["status"],
+        started_at_unix_nano=row["started_at_ns"],
+    )
+    _optional(
+        effect,
+        ended_at_unix_nano=row["ended_at_ns"],
+        idempotency_key=row["idempotency_key"],
+        effect_summary=row["effect_summary"],
+    )
+    return effect
+
+
+class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
+    def __init__(self, store: DuckDBStore) -> None:
+        self._store = store
+
+    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:  # noqa: N802
+        run_id = await _valid_run_id(request.run_id, context)
+        row = await asyncio.to_thread(self._store.get_run, run_id)
+        if row is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no run {run_id!r} was recorded")
+        return _run(row)
+
+    async def ListRuns(self, request: pb.ListRunsRequest, context) -> pb.ListRunsResponse:  # noqa: N802
+        if request.HasField("parent_run_id"):
+            await _valid_run_id(request.parent_run_id, context)
+        rows = await asyncio.to_thread(
+            self._store.list_runs,
+            conversation_id=request.conversation_id if request.HasField("conversation_id") else None,
+            parent_run_id=request.parent_run_id if request.HasField("parent_run_id") else None,
+            agent_name=request.agent_name if request.HasField("agent_name") else None,
+        )
+        return pb.ListRunsResponse(runs=[_run(row) for row in rows])
+
+    async def ListEvents(self, request: pb.ListEventsRequest, context) -> pb.ListEventsResponse:  # noqa: N802
+        run_id = await _valid_run_id(request.run_id, context)
+        rows = await asyncio.to_thread(self._store.list_events, run_id)
+        return pb.ListEventsResponse(events=[_event(row) for row in rows])
+
+    async def ReadSnapshot(self, request: pb.ReadSnapshotRequest, context):  # noqa: N802
+        run_id = await _valid_run_id(request.run_id, context)
+        found = await asyncio.to_thread(
+            self._store.read_snapshot, run_id, include_interrupted=request.include_interrupted
+        )
+        if found is None:
+            which = "snapshot" if request.include_interrupted else "complete snapshot"
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {run_id!r} has no {which}")
+        info_row, messages = found
+        info = pb.SnapshotInfo(
+            run_id=info_row["run_id"],
+            snapshot_index=info_row["snapshot_index"],
+            step_index=info_row["step_index"],
+            state=info_row["state"],
+            timestamp_unix_nano=info_row["at_ns"],
+            message_count=info_row["message_count"],
+        )
+        _optional(info, **{k: info_row[k] for k in ("conversation_id", "parent_run_id", "agent_name", "idempotency_key")})
+        chunk, size = pb.SnapshotChunk(info=info), 0
+        for message in messages:
+            encoded = message.encode()
+            if size and size + len(encoded) > _CHUNK_BYTES:
+                yield chunk
+                chunk, size = pb.SnapshotChunk(), 0
+            chunk.messages_json.append(encoded)
+            size += len(encoded)
+        yield chunk
+
+    async def ListToolEffects(self, request: pb.ListToolEffectsRequest, context) -> pb.ListToolEffectsResponse:  # noqa: N802
+        run_id = await _valid_run_id(request.run_id, context)
+        rows = await asyncio.to_thread(self._store.list_tool_effects, run_id, unresolved_only=request.unresolved_only)
+        return pb.ListToolEffectsResponse(effects=[_effect(row) for row in rows])

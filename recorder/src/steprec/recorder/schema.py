@@ -1,0 +1,106 @@
+"""The DuckDB schema, versioned, with migrations applied on open (docs/storage.md explains each table).
+
+Tables are append-only and carry no PRIMARY KEY or UNIQUE constraint:
+uniqueness is enforced by the ingest path, so the same tables can later live
+in a DuckLake lake, which has no constraints. Indexes exist only for speed.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE runs (
+        write_seq BIGINT NOT NULL,
+        run_id VARCHAR NOT NULL,
+        registration_id VARCHAR NOT NULL,
+        conversation_id VARCHAR,
+        parent_run_id VARCHAR,
+        agent_name VARCHAR,
+        metadata MAP(VARCHAR, VARCHAR),
+        started_at TIMESTAMPTZ NOT NULL,
+        max_snapshots INTEGER,
+        trace_id VARCHAR,
+        span_id VARCHAR
+    );
+    CREATE TABLE events (
+        write_seq BIGINT NOT NULL,
+        run_id VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL,
+        step_index INTEGER NOT NULL,
+        recorded_at TIMESTAMPTZ NOT NULL,
+        conversation_id VARCHAR,
+        parent_run_id VARCHAR,
+        agent_name VARCHAR,
+        tool_call_id VARCHAR,
+        tool_name VARCHAR,
+        error VARCHAR,
+        metadata MAP(VARCHAR, VARCHAR),
+        idempotency_key VARCHAR,
+        trace_id VARCHAR,
+        span_id VARCHAR
+    );
+    CREATE TABLE messages (
+        digest BLOB NOT NULL,
+        body VARCHAR NOT NULL,
+        size_bytes INTEGER NOT NULL
+    );
+    CREATE TABLE snapshots (
+        write_seq BIGINT NOT NULL,
+        run_id VARCHAR NOT NULL,
+        snapshot_index INTEGER NOT NULL,
+        step_index INTEGER NOT NULL,
+        state VARCHAR NOT NULL,
+        recorded_at TIMESTAMPTZ NOT NULL,
+        conversation_id VARCHAR,
+        parent_run_id VARCHAR,
+        agent_name VARCHAR,
+        idempotency_key VARCHAR,
+        base_index INTEGER,
+        keep INTEGER NOT NULL,
+        refs BLOB NOT NULL,
+        message_count INTEGER NOT NULL,
+        trace_id VARCHAR,
+        span_id VARCHAR
+    );
+    CREATE TABLE tool_effects (
+        write_seq BIGINT NOT NULL,
+        run_id VARCHAR NOT NULL,
+        tool_call_id VARCHAR NOT NULL,
+        tool_name VARCHAR NOT NULL,
+        status VARCHAR NOT NULL,
+        recorded_at TIMESTAMPTZ NOT NULL,
+        step_index INTEGER NOT NULL,
+        error VARCHAR,
+        idempotency_key VARCHAR,
+        effect_summary VARCHAR,
+        record_key VARCHAR,
+        trace_id VARCHAR,
+        span_id VARCHAR
+    );
+    CREATE INDEX runs_run_id ON runs (run_id);
+    CREATE INDEX events_run_id ON events (run_id);
+    CREATE INDEX messages_digest ON messages (digest);
+    CREATE INDEX snapshots_run_id ON snapshots (run_id);
+    CREATE INDEX tool_effects_run_id ON tool_effects (run_id);
+    """,
+}
+
+
+def migrate(connection: duckdb.DuckDBPyConnection) -> int:
+    """Bring the database to SCHEMA_VERSION; refuse a file written by a newer steprec."""
+    connection.execute("CREATE TABLE IF NOT EXISTS steprec_schema (version INTEGER NOT NULL, applied_at TIMESTAMPTZ)")
+    current = connection.execute("SELECT coalesce(max(version), 0) FROM steprec_schema").fetchone()[0]
+    if current > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"the database has schema version {current}, newer than this recorder's {SCHEMA_VERSION}; upgrade steprec"
+        )
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        connection.execute("BEGIN")
+        connection.execute(_MIGRATIONS[version])
+        connection.execute("INSERT INTO steprec_schema VALUES (?, now())", [version])
+        connection.execute("COMMIT")
+    return SCHEMA_VERSION

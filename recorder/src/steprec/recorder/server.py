@@ -1,0 +1,73 @@
+"""The recorder daemon: OTLP ingest and the query service on one grpc.aio port."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+
+from steprec.proto.query.v1 import query_pb2_grpc
+
+from .ingest import LogsIngest
+from .query_service import RecorderQuery
+from .store import DuckDBStore
+
+logger = logging.getLogger(__name__)
+
+DATABASE_NAME = "steprec.duckdb"
+SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    listen: str = "127.0.0.1:4317"
+    data_dir: Path = Path("steprec-data")
+
+
+class Recorder:
+    """A running recorder: start it, read its port, stop it (draining in-flight requests)."""
+
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        self.store = DuckDBStore(options.data_dir / DATABASE_NAME)
+        self._server = grpc.aio.server()
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(LogsIngest(self.store), self._server)
+        query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(self.store), self._server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self.port = self._server.add_insecure_port(options.listen)
+        if self.port == 0:
+            raise OSError(f"could not listen on {options.listen}")
+
+    async def start(self) -> None:
+        await self._server.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+        self.store.close()
+
+    async def wait(self) -> None:
+        await self._server.wait_for_termination()
+
+
+async def serve(options: ServeOptions) -> None:
+    """Run until SIGTERM or SIGINT, then drain, commit and exit."""
+    recorder = Recorder(options)
+    await recorder.start()
+    host = options.listen.rsplit(":", 1)[0]
+    print(f"steprec recorder listening on {host}:{recorder.port} (data: {options.data_dir})", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    await stopping.wait()
+    logger.info("stopping: draining in-flight requests")
+    await recorder.stop()

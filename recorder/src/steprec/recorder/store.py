@@ -1,0 +1,534 @@
+"""The DuckDB store: columnar batch ingest with replay suppression, and the reads the query API needs.
+
+One writer at a time (a lock around each ingest transaction); readers use
+their own cursors, which DuckDB's MVCC keeps consistent with committed writes.
+Per-run ingest state (registration, applied keys, the last snapshot's
+references) lives in memory, is loaded from the file the first time a run is
+seen after start-up, and is dropped whenever a transaction fails, so it never
+runs ahead of what is committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from steprec.proto import wire
+
+from .decode import (
+    Malformed,
+    Refusal,
+    SnapshotRecord,
+    StepEventRecord,
+    StepRecord,
+    ToolEffectRecord,
+)
+from .schema import migrate
+
+FULL_REFS_EVERY = 32
+"""A snapshot stores its whole reference list after this many deltas, bounding the chain a read walks."""
+
+_TS = pa.timestamp("ns", tz="UTC")
+_TEXT = pa.string()
+_INT = pa.int64()
+_META = pa.map_(pa.string(), pa.string())
+
+_COLUMNS: dict[str, dict[str, pa.DataType]] = {
+    "runs": {
+        "write_seq": _INT, "run_id": _TEXT, "registration_id": _TEXT, "conversation_id": _TEXT,
+        "parent_run_id": _TEXT, "agent_name": _TEXT, "metadata": _META, "started_at": _TS,
+        "max_snapshots": _INT, "trace_id": _TEXT, "span_id": _TEXT,
+    },
+    "events": {
+        "write_seq": _INT, "run_id": _TEXT, "kind": _TEXT, "step_index": _INT, "recorded_at": _TS,
+        "conversation_id": _TEXT, "parent_run_id": _TEXT, "agent_name": _TEXT, "tool_call_id": _TEXT,
+        "tool_name": _TEXT, "error": _TEXT, "metadata": _META, "idempotency_key": _TEXT,
+        "trace_id": _TEXT, "span_id": _TEXT,
+    },
+    "messages": {"digest": pa.binary(), "body": _TEXT, "size_bytes": _INT},
+    "snapshots": {
+        "write_seq": _INT, "run_id": _TEXT, "snapshot_index": _INT, "step_index": _INT, "state": _TEXT,
+        "recorded_at": _TS, "conversation_id": _TEXT, "parent_run_id": _TEXT, "agent_name": _TEXT,
+        "idempotency_key": _TEXT, "base_index": _INT, "keep": _INT, "refs": pa.binary(),
+        "message_count": _INT, "trace_id": _TEXT, "span_id": _TEXT,
+    },
+    "tool_effects": {
+        "write_seq": _INT, "run_id": _TEXT, "tool_call_id": _TEXT, "tool_name": _TEXT, "status": _TEXT,
+        "recorded_at": _TS, "step_index": _INT, "error": _TEXT, "idempotency_key": _TEXT, "effect_summary": _TEXT,
+        "record_key": _TEXT, "trace_id": _TEXT, "span_id": _TEXT,
+    },
+}  # fmt: skip
+
+
+class _Batch:
+    """Rows of one transaction, kept column-wise and written as one Arrow table per table."""
+
+    def __init__(self) -> None:
+        self.columns = {table: {name: [] for name in columns} for table, columns in _COLUMNS.items()}
+
+    def add(self, table: str, **values: object) -> None:
+        for name, column in self.columns[table].items():
+            column.append(values.get(name))
+
+    def write(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        for table, columns in self.columns.items():
+            if not next(iter(columns.values())):
+                continue
+            arrow = pa.table({name: pa.array(values, _COLUMNS[table][name]) for name, values in columns.items()})
+            cursor.register("staged_rows", arrow)
+            cursor.execute(f"INSERT INTO {table} BY NAME SELECT * FROM staged_rows")
+            cursor.unregister("staged_rows")
+
+
+def _snapshot_key_sequence(key: str) -> int | None:
+    """The `<int>:` prefix of a snapshot key, which StepRecorder makes monotonic per run."""
+    prefix, separator, _ = key.partition(":")
+    if not separator or not prefix.isdigit():
+        return None
+    return int(prefix)
+
+
+def _split_refs(blob: bytes) -> tuple[bytes, ...]:
+    return tuple(blob[i : i + wire.DIGEST_SIZE] for i in range(0, len(blob), wire.DIGEST_SIZE))
+
+
+@dataclass
+class _RunState:
+    """What ingest must know about a run to accept, suppress or refuse its next record."""
+
+    registration_id: str | None = None
+    event_keys: set[str] = field(default_factory=set)
+    effect_keys: set[str] = field(default_factory=set)
+    snapshot_keys: set[str] = field(default_factory=set)
+    high_water: int | None = None
+    high_water_keys: set[str] = field(default_factory=set)
+    last_index: int | None = None
+    last_refs: tuple[bytes, ...] = ()
+    chain_depth: int = 0
+    known_digests: set[bytes] = field(default_factory=set)
+
+    def seen_snapshot_key(self, key: str) -> bool:
+        """The reference stores' rule: an `<int>:` key at or below the high-water mark, or any retained key."""
+        sequence = _snapshot_key_sequence(key)
+        if sequence is not None and self.high_water is not None:
+            if sequence < self.high_water or (sequence == self.high_water and key in self.high_water_keys):
+                return True
+        return key in self.snapshot_keys
+
+    def note_snapshot_key(self, key: str) -> None:
+        self.snapshot_keys.add(key)
+        sequence = _snapshot_key_sequence(key)
+        if sequence is None:
+            return
+        if self.high_water is None or sequence > self.high_water:
+            self.high_water, self.high_water_keys = sequence, {key}
+        elif sequence == self.high_water:
+            self.high_water_keys.add(key)
+
+
+class DuckDBStore:
+    """A steprec database in one DuckDB file."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        new = not path.exists()
+        self.path = path
+        self._connection = duckdb.connect(str(path))
+        if new:
+            os.chmod(path, 0o600)
+        migrate(self._connection)
+        self._write_lock = threading.Lock()
+        self._states: dict[str, _RunState] = {}
+        self._next_seq = 1 + self._connection.execute(
+            "SELECT greatest((SELECT max(write_seq) FROM runs), (SELECT max(write_seq) FROM events),"
+            " (SELECT max(write_seq) FROM snapshots), (SELECT max(write_seq) FROM tool_effects), 0)"
+        ).fetchone()[0]
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._connection.close()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        return self._connection.cursor()
+
+    # -- ingest ----------------------------------------------------------------------------------
+
+    def ingest(self, records: Iterable[StepRecord]) -> tuple[list[Refusal], int]:
+        """Apply records in one transaction; returns the refusals and how many replays were suppressed."""
+        with self._write_lock:
+            cursor = self._connection.cursor()
+            batch = _Batch()
+            refusals: list[Refusal] = []
+            suppressed = 0
+            staged_digests: set[bytes] = set()
+            touched: set[str] = set()
+            for record in records:
+                run_id = record.lineage.run_id
+                touched.add(run_id)
+                state = self._state(cursor, run_id)
+                try:
+                    if isinstance(record, StepEventRecord):
+                        applied = self._stage_event(record, state, batch)
+                    elif isinstance(record, SnapshotRecord):
+                        applied = self._stage_snapshot(cursor, record, state, batch, staged_digests)
+                    else:
+                        applied = self._stage_tool_effect(record, state, batch)
+                    suppressed += not applied
+                except Malformed as error:
+                    refusals.append(Refusal(record.lineage.index, error.code, str(error)))
+            try:
+                cursor.execute("BEGIN")
+                batch.write(cursor)
+                cursor.execute("COMMIT")
+            except BaseException:
+                cursor.execute("ROLLBACK")
+                for run_id in touched:  # their in-memory state ran ahead of the file
+                    self._states.pop(run_id, None)
+                raise
+            finally:
+                cursor.close()
+            return refusals, suppressed
+
+    def _seq(self) -> int:
+        self._next_seq += 1
+        return self._next_seq - 1
+
+    def _state(self, cursor: duckdb.DuckDBPyConnection, run_id: str) -> _RunState:
+        if (state := self._states.get(run_id)) is not None:
+            return state
+        state = _RunState()
+        row = cursor.execute("SELECT registration_id FROM runs WHERE run_id = ? LIMIT 1", [run_id]).fetchone()
+        state.registration_id = row[0] if row else None
+        state.event_keys = {
+            k for (k,) in cursor.execute(
+                "SELECT idempotency_key FROM events WHERE run_id = ? AND idempotency_key IS NOT NULL", [run_id]
+            ).fetchall()
+        }  # fmt: skip
+        state.effect_keys = {
+            k for (k,) in cursor.execute(
+                "SELECT record_key FROM tool_effects WHERE run_id = ? AND record_key IS NOT NULL", [run_id]
+            ).fetchall()
+        }  # fmt: skip
+        snapshots = cursor.execute(
+            "SELECT idempotency_key, snapshot_index, base_index FROM snapshots WHERE run_id = ? ORDER BY write_seq",
+            [run_id],
+        ).fetchall()
+        for key, _, _ in snapshots:
+            if key is not None:
+                state.note_snapshot_key(key)
+        if snapshots:
+            state.last_index = snapshots[-1][1]
+            state.last_refs = self._refs_of(cursor, run_id, state.last_index)
+            state.known_digests = set(state.last_refs)
+            depth = 0
+            for _, _, base in reversed(snapshots):
+                if base is None:
+                    break
+                depth += 1
+            state.chain_depth = depth
+        self._states[run_id] = state
+        return state
+
+    @staticmethod
+    def _lineage_columns(record: StepRecord) -> dict[str, object]:
+        lineage = record.lineage
+        return {
+            "run_id": lineage.run_id,
+            "step_index": lineage.step_index,
+            "recorded_at": lineage.at_unix_nano,
+            "conversation_id": lineage.conversation_id,
+            "parent_run_id": lineage.parent_run_id,
+            "agent_name": lineage.agent_name,
+            "idempotency_key": lineage.idempotency_key,
+            "trace_id": lineage.trace_id,
+            "span_id": lineage.span_id,
+        }
+
+    def _stage_event(self, record: StepEventRecord, state: _RunState, batch: _Batch) -> bool:
+        lineage = record.lineage
+        if record.kind == "run_started":
+            if state.registration_id is not None and state.registration_id != record.registration_id:
+                raise Malformed(
+                    wire.REFUSED_RUN_ID_TAKEN,
+                    f"run_id {lineage.run_id!r} is already registered by another Agent.run; run ids are single-use",
+                )
+            if state.registration_id is None:
+                state.registration_id = record.registration_id
+                batch.add(
+                    "runs",
+                    **self._lineage_columns(record),
+                    write_seq=self._seq(),
+                    registration_id=record.registration_id,
+                    metadata=list(record.metadata.items()),
+                    started_at=lineage.at_unix_nano,
+                    max_snapshots=record.max_snapshots,
+                )
+        key = lineage.idempotency_key
+        if key is not None:
+            if key in state.event_keys:
+                return False
+            state.event_keys.add(key)
+        batch.add(
+            "events",
+            **self._lineage_columns(record),
+            write_seq=self._seq(),
+            kind=record.kind,
+            tool_call_id=record.tool_call_id,
+            tool_name=record.tool_name,
+            error=record.error,
+            metadata=list(record.metadata.items()),
+        )
+        return True
+
+    def _stage_tool_effect(self, record: ToolEffectRecord, state: _RunState, batch: _Batch) -> bool:
+        key = record.lineage.idempotency_key
+        if key is not None:
+            if key in state.effect_keys:
+                return False
+            state.effect_keys.add(key)
+        columns = self._lineage_columns(record)
+        columns["record_key"] = columns.pop("idempotency_key")
+        batch.add(
+            "tool_effects",
+            **columns,
+            write_seq=self._seq(),
+            tool_call_id=record.tool_call_id,
+            tool_name=record.tool_name,
+            status=record.status,
+            error=record.error,
+            idempotency_key=record.idempotency_key,
+            effect_summary=record.effect_summary,
+        )
+        return True
+
+    def _stage_snapshot(
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        record: SnapshotRecord,
+        state: _RunState,
+        batch: _Batch,
+        staged_digests: set[bytes],
+    ) -> bool:
+        key = record.lineage.idempotency_key
+        if key is not None and state.seen_snapshot_key(key):
+            return False
+        if record.base_index is None:
+            base: tuple[bytes, ...] = ()
+        elif record.base_index == state.last_index:
+            base = state.last_refs
+        else:
+            base = self._refs_of(cursor, record.lineage.run_id, record.base_index)
+            if not base and record.keep:
+                raise Malformed("unknown_base", f"snapshot base {record.base_index} of this run was never stored")
+        if record.keep > len(base):
+            raise Malformed("bad_attribute", f"keep {record.keep} exceeds the {len(base)} messages of its base")
+        refs = base[: record.keep] + record.append_refs
+        bodies = {}
+        for text in record.messages:
+            encoded = text.encode()
+            bodies[hashlib.sha256(encoded).digest()] = (text, len(encoded))
+        unknown = {r for r in record.append_refs if r not in state.known_digests and r not in bodies}
+        if unknown:
+            unknown -= self._stored_digests(cursor, unknown) | staged_digests
+            if unknown:
+                raise Malformed(
+                    "unknown_message",
+                    f"snapshot references {len(unknown)} message(s) the recorder never received",
+                )
+        new_digests = [d for d in bodies if d not in state.known_digests and d not in staged_digests]
+        already_stored = self._stored_digests(cursor, set(new_digests)) if new_digests else set()
+        for digest in new_digests:
+            if digest not in already_stored:
+                text, size = bodies[digest]
+                batch.add("messages", digest=digest, body=text, size_bytes=size)
+                staged_digests.add(digest)
+        store_full = record.base_index is None or state.chain_depth + 1 >= FULL_REFS_EVERY
+        batch.add(
+            "snapshots",
+            **self._lineage_columns(record),
+            write_seq=self._seq(),
+            snapshot_index=record.snapshot_index,
+            state=record.state,
+            base_index=None if store_full else record.base_index,
+            keep=0 if store_full else record.keep,
+            refs=b"".join(refs if store_full else record.append_refs),
+            message_count=len(refs),
+        )
+        if key is not None:
+            state.note_snapshot_key(key)
+        state.known_digests.update(refs)
+        state.last_index, state.last_refs = record.snapshot_index, refs
+        state.chain_depth = 0 if store_full else state.chain_depth + 1
+        return True
+
+    @staticmethod
+    def _stored_digests(cursor: duckdb.DuckDBPyConnection, digests: set[bytes]) -> set[bytes]:
+        if not digests:
+            return set()
+        wanted = pa.table({"digest": pa.array(list(digests), pa.binary())})
+        cursor.register("wanted_digests", wanted)
+        try:
+            rows = cursor.execute(
+                "SELECT DISTINCT m.digest FROM messages m JOIN wanted_digests w ON m.digest = w.digest"
+            ).fetchall()
+        finally:
+            cursor.unregister("wanted_digests")
+        return {bytes(d) for (d,) in rows}
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _refs_of(cursor: duckdb.DuckDBPyConnection, run_id: str, snapshot_index: int) -> tuple[bytes, ...]:
+        """The full reference list of one snapshot, rebuilt from its delta chain."""
+        rows = cursor.execute(
+            "SELECT snapshot_index, base_index, keep, refs FROM snapshots"
+            " WHERE run_id = ? AND snapshot_index <= ? ORDER BY write_seq",
+            [run_id, snapshot_index],
+        ).fetchall()
+        by_index = {index: (base, keep, bytes(refs)) for index, base, keep, refs in rows}
+        chain = []
+        index: int | None = snapshot_index
+        while index is not None and index in by_index:
+            chain.append(by_index[index])
+            index = by_index[index][0]
+        refs: tuple[bytes, ...] = ()
+        for _, keep, blob in reversed(chain):
+            refs = refs[:keep] + _split_refs(blob)
+        return refs
+
+    def read_snapshot(self, run_id: str, *, include_interrupted: bool) -> tuple[dict, list[str]] | None:
+        """The newest snapshot (by write order) and its messages' JSON, or None."""
+        cursor = self.cursor()
+        try:
+            state_filter = "" if include_interrupted else " AND state = 'complete'"
+            infos = _dicts(
+                cursor.execute(
+                    "SELECT run_id, snapshot_index, step_index, state, epoch_ns(recorded_at) AS at_ns, conversation_id,"
+                    " parent_run_id, agent_name, idempotency_key, message_count FROM snapshots"
+                    f" WHERE run_id = ?{state_filter} ORDER BY write_seq DESC LIMIT 1",
+                    [run_id],
+                )
+            )
+            if not infos:
+                return None
+            info = infos[0]
+            refs = self._refs_of(cursor, run_id, info["snapshot_index"])
+            wanted = pa.table({"digest": pa.array(list(set(refs)), pa.binary())})
+            cursor.register("wanted_digests", wanted)
+            bodies = {
+                bytes(d): body
+                for d, body in cursor.execute(
+                    "SELECT m.digest, any_value(m.body) FROM messages m JOIN wanted_digests w ON m.digest = w.digest"
+                    " GROUP BY m.digest"
+                ).fetchall()
+            }
+            cursor.unregister("wanted_digests")
+            return info, [bodies[r] for r in refs]
+        finally:
+            cursor.close()
+
+    def get_run(self, run_id: str) -> dict | None:
+        runs = self.list_runs(run_id=run_id)
+        return runs[0] if runs else None
+
+    def list_runs(
+        self,
+        *,
+        run_id: str | None = None,
+        conversation_id: str | None = None,
+        parent_run_id: str | None = None,
+        agent_name: str | None = None,
+    ) -> list[dict]:
+        filters, params = [], []
+        for column, value in (
+            ("run_id", run_id),
+            ("conversation_id", conversation_id),
+            ("parent_run_id", parent_run_id),
+            ("agent_name", agent_name),
+        ):
+            if value is not None:
+                filters.append(f"r.{column} = ?")
+                params.append(value)
+        where = " AND ".join(filters) or "true"
+        cursor = self.cursor()
+        try:
+            return _dicts(
+                cursor.execute(
+                    f"""
+                    WITH chosen AS (SELECT * FROM runs r WHERE {where}),
+                    endings AS (
+                        SELECT e.run_id, arg_max(e.kind, e.write_seq) AS kind, max(e.recorded_at) AS ended_at
+                        FROM events e SEMI JOIN chosen c ON e.run_id = c.run_id
+                        WHERE e.kind IN ('run_completed', 'run_failed') GROUP BY e.run_id
+                    )
+                    SELECT c.run_id, c.registration_id, c.conversation_id, c.parent_run_id, c.agent_name,
+                           c.metadata, epoch_ns(c.started_at) AS started_at_ns,
+                           epoch_ns(x.ended_at) AS ended_at_ns,
+                           CASE x.kind WHEN 'run_completed' THEN 'completed' WHEN 'run_failed' THEN 'failed'
+                                ELSE 'running' END AS outcome
+                    FROM chosen c LEFT JOIN endings x ON x.run_id = c.run_id
+                    ORDER BY c.started_at, c.write_seq
+                    """,
+                    params,
+                )
+            )
+        finally:
+            cursor.close()
+
+    def list_events(self, run_id: str) -> list[dict]:
+        cursor = self.cursor()
+        try:
+            return _dicts(
+                cursor.execute(
+                    "SELECT run_id, kind, step_index, epoch_ns(recorded_at) AS at_ns, conversation_id, parent_run_id,"
+                    " agent_name, tool_call_id, tool_name, error, metadata, idempotency_key, trace_id, span_id"
+                    " FROM events WHERE run_id = ? ORDER BY write_seq",
+                    [run_id],
+                )
+            )
+        finally:
+            cursor.close()
+
+    def list_tool_effects(self, run_id: str, *, unresolved_only: bool) -> list[dict]:
+        """The ledger per tool call: latest status wins, annotations survive later records."""
+        cursor = self.cursor()
+        try:
+            effects = _dicts(
+                cursor.execute(
+                    """
+                    SELECT run_id, tool_call_id,
+                        arg_max(tool_name, write_seq) AS tool_name,
+                        arg_max(status, write_seq) FILTER (WHERE status <> 'annotated') AS status,
+                        epoch_ns(min(recorded_at)) AS started_at_ns,
+                        epoch_ns(max(recorded_at) FILTER (WHERE status IN ('completed', 'failed'))) AS ended_at_ns,
+                        arg_max(idempotency_key, write_seq) FILTER (WHERE idempotency_key IS NOT NULL)
+                            AS idempotency_key,
+                        coalesce(
+                            arg_max(effect_summary, write_seq) FILTER (WHERE effect_summary IS NOT NULL),
+                            arg_max(error, write_seq) FILTER (WHERE status = 'failed')
+                        ) AS effect_summary,
+                        min(write_seq) AS first_seq
+                    FROM tool_effects WHERE run_id = ?
+                    GROUP BY run_id, tool_call_id ORDER BY first_seq
+                    """,
+                    [run_id],
+                )
+            )
+        finally:
+            cursor.close()
+        for effect in effects:
+            if effect["status"] == "started":
+                effect["ended_at_ns"] = None
+        return [e for e in effects if e["status"] is not None and (not unresolved_only or e["status"] == "started")]
+
+
+def _dicts(result: duckdb.DuckDBPyConnection) -> list[dict]:
+    names = [d[0] for d in result.description]
+    return [dict(zip(names, row)) for row in result.fetchall()]
