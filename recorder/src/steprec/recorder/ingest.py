@@ -12,7 +12,8 @@ import asyncio
 import logging
 
 import grpc
-from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 
 from .decode import decode_request
 from .store import DuckDBStore
@@ -22,15 +23,32 @@ logger = logging.getLogger(__name__)
 _MAX_REASON_LINES = 100
 
 
-class LogsIngest(logs_service_pb2_grpc.LogsServiceServicer):
-    """The OTLP logs receiver, writing into a DuckDBStore."""
+_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
+
+
+class LogsIngest:
+    """The OTLP logs receiver, writing into a DuckDBStore.
+
+    The request is parsed here rather than by gRPC, so bytes that are not an
+    OTLP request get INVALID_ARGUMENT and a reason instead of gRPC's UNKNOWN.
+    """
 
     def __init__(self, store: DuckDBStore) -> None:
         self._store = store
 
-    async def Export(  # noqa: N802 - gRPC method name
-        self, request: logs_service_pb2.ExportLogsServiceRequest, context: grpc.aio.ServicerContext
-    ) -> logs_service_pb2.ExportLogsServiceResponse:
+    def handler(self) -> grpc.GenericRpcHandler:
+        export = grpc.unary_unary_rpc_method_handler(
+            self.export, response_serializer=logs_service_pb2.ExportLogsServiceResponse.SerializeToString
+        )
+        return grpc.method_handlers_generic_handler(_SERVICE, {"Export": export})
+
+    async def export(self, payload: bytes, context: grpc.aio.ServicerContext) -> logs_service_pb2.ExportLogsServiceResponse:
+        try:
+            request = logs_service_pb2.ExportLogsServiceRequest.FromString(payload)
+        except DecodeError as error:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"the request is not an OTLP ExportLogsServiceRequest: {error}"
+            )
         records, refusals = decode_request(request)
         try:
             refused_in_store, _ = await asyncio.to_thread(self._store.ingest, records)

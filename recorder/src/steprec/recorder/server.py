@@ -10,7 +10,6 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 
 from steprec.proto.query.v1 import query_pb2_grpc
 
@@ -37,7 +36,7 @@ class Recorder:
         self.options = options
         self.store = DuckDBStore(options.data_dir / DATABASE_NAME)
         self._server = grpc.aio.server()
-        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(LogsIngest(self.store), self._server)
+        self._server.add_generic_rpc_handlers((LogsIngest(self.store).handler(),))
         query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(self.store), self._server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)

@@ -1,0 +1,29 @@
+"""Shared fixtures: a real recorder process on a free loopback port, and clients of it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from steprec.exporter import shutdown_pipelines
+from steprec.query import RecorderClient
+from steprec.recorder.process import RecorderProcess
+
+
+@pytest.fixture
+def recorder(tmp_path: Path) -> Iterator[RecorderProcess]:
+    """`steprec serve` as a child process with its DuckDB file under tmp_path."""
+    process = RecorderProcess(tmp_path / "recorder").start()
+    try:
+        yield process
+    finally:
+        shutdown_pipelines()
+        process.stop()
+
+
+@pytest.fixture
+async def client(recorder: RecorderProcess) -> AsyncIterator[RecorderClient]:
+    async with RecorderClient(recorder.endpoint) as query_client:
+        yield query_client

@@ -1,0 +1,45 @@
+"""Bad OTLP input over real gRPC: refused with a reason, good records of the same request stored."""
+
+from __future__ import annotations
+
+import grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+
+from steprec.proto import wire
+from steprec.query import RecorderClient
+from steprec.recorder.process import RecorderProcess
+
+
+def _record(event_name: str, **attributes: object) -> LogRecord:
+    values = []
+    for key, value in attributes.items():
+        any_value = AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
+        values.append(KeyValue(key=key.replace("__", "."), value=any_value))
+    return LogRecord(time_unix_nano=1, event_name=event_name, attributes=values)
+
+
+async def test_bad_records_are_refused_and_good_ones_stored(recorder: RecorderProcess, client: RecorderClient) -> None:
+    good = _record(wire.EVENT_PREFIX + "run_completed", steprec__run__id="good-run", steprec__step__index=0)
+    unknown = _record("steprec.nonsense", steprec__run__id="good-run", steprec__step__index=0)
+    traversal = _record(wire.EVENT_PREFIX + "run_completed", steprec__run__id="../../etc", steprec__step__index=0)
+    mistyped = _record(wire.EVENT_PREFIX + "run_completed", steprec__run__id="good-run", steprec__step__index="one")
+    request = logs_service_pb2.ExportLogsServiceRequest(
+        resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=[unknown, good, traversal, mistyped])])]
+    )
+    async with grpc.aio.insecure_channel(recorder.endpoint) as channel:
+        response = await logs_service_pb2_grpc.LogsServiceStub(channel).Export(request, timeout=10)
+        assert response.partial_success.rejected_log_records == 3
+        lines = response.partial_success.error_message.splitlines()
+        assert lines[0].startswith("record 0 [unknown_event]")
+        assert lines[1].startswith("record 2 [bad_run_id]")
+        assert lines[2].startswith("record 3 [bad_attribute]") and wire.STEP_INDEX in lines[2]
+        # Not protobuf at all: the server answers with a status and keeps serving.
+        raw = channel.unary_unary("/opentelemetry.proto.collector.logs.v1.LogsService/Export")
+        try:
+            await raw(b"\xff\xff\xff not protobuf", timeout=10)
+            raise AssertionError("garbage was accepted")
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "not an OTLP" in error.details()
+    assert [e.kind for e in await client.list_events("good-run")] == ["run_completed"]

@@ -1,0 +1,155 @@
+"""Record encoding: what StepRecorder builds is what the recorder decodes, field for field."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+from opentelemetry.sdk._logs import LoggerProvider, LogRecordProcessor, ReadWriteLogRecord
+from opentelemetry.sdk.resources import Resource
+from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
+
+from steprec.exporter import _records
+from steprec.exporter._snapshots import SnapshotEncoder
+from steprec.proto import wire
+from steprec.recorder.decode import SnapshotRecord, StepEventRecord, ToolEffectRecord, decode_request
+
+SCOPE = _records.RunScope("run-1", "conv-1", "parent-1", "agent-a", {"team": "blue"})
+
+
+class _Collect(LogRecordProcessor):
+    def __init__(self) -> None:
+        self.records: list[ReadWriteLogRecord] = []
+
+    def on_emit(self, log_record: ReadWriteLogRecord) -> None:
+        self.records.append(log_record)
+
+    def shutdown(self) -> None: ...
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _round_trip(*records):
+    """Emit through a real SDK LoggerProvider, encode as OTLP protobuf, decode as the recorder does."""
+    collect = _Collect()
+    provider = LoggerProvider(resource=Resource.create({}), shutdown_on_exit=False)
+    provider.add_log_record_processor(collect)
+    logger = provider.get_logger(wire.SCOPE_NAME)
+    for record in records:
+        logger.emit(record)
+    request = encode_logs(collect.records)
+    request = type(request).FromString(request.SerializeToString())
+    decoded, refusals = decode_request(request)
+    assert refusals == []
+    return decoded
+
+
+def test_step_event_round_trip() -> None:
+    error = ConnectionError("boom")
+    (event,) = _round_trip(
+        _records.step_event(
+            SCOPE, "tool_call_failed", step_index=4, idempotency_key="7:4:tool_call_failed:c1",
+            tool_call_id="c1", tool_name="search", error=error,
+        )
+    )  # fmt: skip
+    assert isinstance(event, StepEventRecord)
+    assert (event.kind, event.tool_call_id, event.tool_name, event.error) == (
+        "tool_call_failed", "c1", "search", repr(error),
+    )  # fmt: skip
+    lineage = event.lineage
+    assert (lineage.run_id, lineage.conversation_id, lineage.parent_run_id, lineage.agent_name) == (
+        "run-1", "conv-1", "parent-1", "agent-a",
+    )  # fmt: skip
+    assert (lineage.step_index, lineage.idempotency_key) == (4, "7:4:tool_call_failed:c1")
+    assert event.metadata == {"team": "blue"}
+    assert lineage.at_unix_nano > 0
+
+
+def test_run_started_carries_registration_and_retention() -> None:
+    (event,) = _round_trip(
+        _records.step_event(SCOPE, "run_started", step_index=0, idempotency_key="0:0:run_started:",
+                            registration_id="reg-1", max_snapshots=5)
+    )  # fmt: skip
+    assert (event.registration_id, event.max_snapshots) == ("reg-1", 5)
+
+
+def test_tool_effect_round_trip_keeps_annotations() -> None:
+    (effect,) = _round_trip(
+        _records.tool_effect(SCOPE, "completed", step_index=2, record_key="3:c9:completed", tool_call_id="c9",
+                             tool_name="label", idempotency_key="label-42", effect_summary="added label")
+    )  # fmt: skip
+    assert isinstance(effect, ToolEffectRecord)
+    assert (effect.status, effect.tool_call_id, effect.tool_name) == ("completed", "c9", "label")
+    assert (effect.idempotency_key, effect.effect_summary, effect.lineage.idempotency_key) == (
+        "label-42", "added label", "3:c9:completed",
+    )  # fmt: skip
+
+
+def _history(turns: int) -> list:
+    messages: list = [ModelRequest(parts=[UserPromptPart("hi")])]
+    for i in range(turns):
+        messages.append(ModelResponse(parts=[ToolCallPart("echo", {"n": i}, tool_call_id=f"c{i}")]))
+        messages.append(ModelRequest(parts=[ToolReturnPart("echo", f"r{i}", tool_call_id=f"c{i}")]))
+    return messages
+
+
+def test_snapshots_are_deltas_and_send_each_message_once() -> None:
+    encoder = SnapshotEncoder()
+    history = _history(1)
+    first = encoder.encode(history)
+    assert (first.base_index, first.keep, len(first.new_messages)) == (None, 0, 3)
+    encoder.commit(0, first)
+
+    history += _history(2)[3:]
+    second = encoder.encode(history)
+    assert (second.base_index, second.keep, len(second.new_messages)) == (0, 3, 2)
+    assert len(second.append_refs) == 2 * wire.DIGEST_SIZE
+    assert second.refs[:3] == first.refs
+    # Each ref is the SHA-256 of the JSON sent for it.
+    assert [hashlib.sha256(m.encode()).digest() for m in second.new_messages] == list(second.refs[3:])
+    encoder.commit(1, second)
+
+    # A rewritten history (same length, one message replaced) keeps only the common prefix.
+    rewritten = [*history[:2], ModelRequest(parts=[ToolReturnPart("echo", "changed", tool_call_id="c0")]), *history[3:]]
+    third = encoder.encode(rewritten)
+    assert third.keep == 2 and len(third.new_messages) == 1
+
+
+def test_snapshot_round_trip() -> None:
+    encoder = SnapshotEncoder()
+    delta = encoder.encode(_history(1))
+    (snapshot,) = _round_trip(
+        _records.snapshot(SCOPE, snapshot_index=0, step_index=2, state="complete", idempotency_key="0:2:complete",
+                          base_index=delta.base_index, keep=delta.keep, append_refs=delta.append_refs,
+                          new_messages=delta.new_messages)
+    )  # fmt: skip
+    assert isinstance(snapshot, SnapshotRecord)
+    assert snapshot.append_refs == delta.refs and snapshot.messages == delta.new_messages
+    assert (snapshot.snapshot_index, snapshot.state, snapshot.base_index, snapshot.keep) == (0, "complete", None, 0)
+
+
+@pytest.mark.parametrize(
+    ("record", "code"),
+    [
+        (_records.step_event(_records.RunScope("../x", None, None, None), "run_completed", step_index=0,
+                             idempotency_key="k"), "bad_run_id"),
+        (_records.tool_effect(SCOPE, "exploded", step_index=0, record_key="k", tool_call_id="c", tool_name="t"),
+         "bad_attribute"),
+    ],
+)  # fmt: skip
+def test_malformed_records_are_refused_with_a_reason(record, code) -> None:
+    collect = _Collect()
+    provider = LoggerProvider(resource=Resource.create({}), shutdown_on_exit=False)
+    provider.add_log_record_processor(collect)
+    provider.get_logger(wire.SCOPE_NAME).emit(record)
+    decoded, refusals = decode_request(encode_logs(collect.records))
+    assert decoded == [] and [r.code for r in refusals] == [code]
+    assert refusals[0].line().startswith("record 0 [")
+
+
+def test_message_json_is_plain_utf8_json() -> None:
+    delta = SnapshotEncoder().encode([ModelResponse(parts=[TextPart("héllo ✓")])])
+    assert json.loads(delta.new_messages[0])["parts"][0]["content"] == "héllo ✓"

@@ -1,0 +1,151 @@
+"""Storage writes: what one ingest transaction stores, suppresses and refuses, in a real DuckDB file."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from steprec.recorder import store as store_module
+from steprec.recorder.decode import Lineage, SnapshotRecord, StepEventRecord, ToolEffectRecord
+from steprec.recorder.store import DuckDBStore
+
+
+def _lineage(run_id: str = "run-1", key: str | None = None, index: int = 0, step: int = 0) -> Lineage:
+    return Lineage(index, run_id, step, 1_700_000_000_000_000_000 + index, "conv", None, "agent", key, None, None)
+
+
+def _event(kind: str, key: str | None, run_id: str = "run-1", registration: str | None = None, index: int = 0):
+    return StepEventRecord(_lineage(run_id, key, index), kind, None, None, None, {"k": "v"}, registration, None)
+
+
+def _message(n: int) -> str:
+    return f'{{"kind":"request","parts":[{{"part_kind":"user-prompt","content":"m{n}"}}]}}'
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def _snapshot(index: int, messages: list[str], *, base: int | None, keep: int, send: list[str], state="complete"):
+    appended = tuple(_digest(m) for m in messages[keep:])
+    return SnapshotRecord(_lineage(key=f"{index}:{index}:{state}", index=index), index, state, base, keep, appended, send)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> DuckDBStore:
+    return DuckDBStore(tmp_path / "steprec.duckdb")
+
+
+def test_database_file_is_owner_only(store: DuckDBStore) -> None:
+    assert store.path.stat().st_mode & 0o077 == 0
+
+
+def test_keyed_events_are_suppressed_per_run_and_unkeyed_ones_append(store: DuckDBStore) -> None:
+    refusals, suppressed = store.ingest(
+        [
+            _event("run_started", "0:0:run_started:", registration="reg"),
+            _event("run_started", "0:0:run_started:", registration="reg"),  # retried registration
+            _event("model_request_started", None),
+            _event("model_request_started", None),
+            _event("run_started", "0:0:run_started:", run_id="run-2", registration="reg-2"),
+        ]
+    )
+    assert refusals == [] and suppressed == 1
+    assert [e["kind"] for e in store.list_events("run-1")] == ["run_started"] + ["model_request_started"] * 2
+    assert len(store.list_events("run-2")) == 1
+    assert store.get_run("run-1")["metadata"] == {"k": "v"}
+
+
+def test_a_second_registration_of_a_run_id_is_refused(store: DuckDBStore) -> None:
+    store.ingest([_event("run_started", "0:0:run_started:", registration="first")])
+    refusals, _ = store.ingest([_event("run_started", "0:0:run_started:", registration="second", index=3)])
+    assert [(r.index, r.code) for r in refusals] == [(3, "run_id_taken")]
+    assert store.get_run("run-1")["registration_id"] == "first"
+
+
+def test_snapshot_deltas_rebuild_every_history(store: DuckDBStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "FULL_REFS_EVERY", 3)
+    messages = [_message(i) for i in range(12)]
+    records = [_snapshot(0, messages[:2], base=None, keep=0, send=messages[:2])]
+    for index in range(1, 6):
+        size = 2 + 2 * index
+        records.append(_snapshot(index, messages[:size], base=index - 1, keep=size - 2, send=messages[size - 2 : size]))
+    refusals, _ = store.ingest(records)
+    assert refusals == []
+    info, bodies = store.read_snapshot("run-1", include_interrupted=False)
+    assert info["snapshot_index"] == 5 and bodies == messages
+    # Every third snapshot holds its whole list, so no read walks a long chain.
+    cursor = store.cursor()
+    bases = [b for (b,) in cursor.execute("SELECT base_index FROM snapshots ORDER BY write_seq").fetchall()]
+    assert bases == [None, 0, 1, None, 3, 4]
+    # Each distinct message is stored once.
+    assert cursor.execute("SELECT count(*) FROM messages").fetchone()[0] == 12
+
+
+def test_snapshot_referring_to_an_unknown_message_is_refused(store: DuckDBStore) -> None:
+    record = _snapshot(0, [_message(1)], base=None, keep=0, send=[])
+    refusals, _ = store.ingest([record])
+    assert [r.code for r in refusals] == ["unknown_message"]
+    assert store.read_snapshot("run-1", include_interrupted=True) is None
+
+
+def test_latest_snapshot_is_last_written_and_skips_interrupted(store: DuckDBStore) -> None:
+    messages = [_message(i) for i in range(3)]
+    store.ingest(
+        [
+            _snapshot(0, messages[:2], base=None, keep=0, send=messages[:2]),
+            _snapshot(1, messages[:3], base=0, keep=2, send=messages[2:], state="interrupted"),
+        ]
+    )
+    complete, _ = store.read_snapshot("run-1", include_interrupted=False)
+    newest, bodies = store.read_snapshot("run-1", include_interrupted=True)
+    assert (complete["snapshot_index"], newest["snapshot_index"]) == (0, 1)
+    assert bodies == messages
+
+
+def test_replayed_snapshot_keys_are_suppressed_by_high_water(store: DuckDBStore) -> None:
+    messages = [_message(i) for i in range(3)]
+    first = _snapshot(0, messages[:2], base=None, keep=0, send=messages[:2])
+    second = _snapshot(1, messages[:3], base=0, keep=2, send=messages[2:])
+    store.ingest([first, second])
+    _, suppressed = store.ingest([first, second])
+    assert suppressed == 2
+    assert store.cursor().execute("SELECT count(*) FROM snapshots").fetchone()[0] == 2
+
+
+def test_tool_effect_ledger_latest_wins_and_annotations_survive(store: DuckDBStore) -> None:
+    def effect(status: str, index: int, **annotations) -> ToolEffectRecord:
+        return ToolEffectRecord(
+            _lineage(key=f"{index}:c1:{status}", index=index), status, "c1", "label", None,
+            annotations.get("idempotency_key"), annotations.get("effect_summary"),
+        )  # fmt: skip
+
+    store.ingest([effect("started", 0), effect("annotated", 1, idempotency_key="label-9", effect_summary="set")])
+    (unresolved,) = store.list_tool_effects("run-1", unresolved_only=True)
+    assert (unresolved["status"], unresolved["idempotency_key"], unresolved["ended_at_ns"]) == ("started", "label-9", None)
+    store.ingest([effect("completed", 2)])
+    assert store.list_tool_effects("run-1", unresolved_only=True) == []
+    (done,) = store.list_tool_effects("run-1", unresolved_only=False)
+    assert (done["status"], done["idempotency_key"], done["effect_summary"]) == ("completed", "label-9", "set")
+    assert done["ended_at_ns"] is not None
+
+
+def test_state_survives_reopening_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "steprec.duckdb"
+    messages = [_message(i) for i in range(3)]
+    first = DuckDBStore(path)
+    first.ingest([_event("run_started", "0:0:run_started:", registration="reg"),
+                  _snapshot(0, messages[:2], base=None, keep=0, send=messages[:2])])  # fmt: skip
+    first.close()
+    reopened = DuckDBStore(path)
+    refusals, suppressed = reopened.ingest(
+        [
+            _event("run_started", "0:0:run_started:", registration="other", index=0),
+            _snapshot(0, messages[:2], base=None, keep=0, send=messages[:2]),
+            _snapshot(1, messages[:3], base=0, keep=2, send=messages[2:]),
+        ]
+    )
+    assert [r.code for r in refusals] == ["run_id_taken"] and suppressed == 1
+    assert reopened.read_snapshot("run-1", include_interrupted=False)[1] == messages
