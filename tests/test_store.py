@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,10 @@ def _snapshot(index: int, messages: list[str], *, base: int | None, keep: int, s
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> DuckDBStore:
-    return DuckDBStore(tmp_path / "steprec.duckdb")
+def store(tmp_path: Path) -> Iterator[DuckDBStore]:
+    opened = DuckDBStore(tmp_path / "steprec.duckdb")
+    yield opened
+    opened.close()
 
 
 def test_database_file_is_owner_only(store: DuckDBStore) -> None:
@@ -149,3 +152,4 @@ def test_state_survives_reopening_the_file(tmp_path: Path) -> None:
     )
     assert [r.code for r in refusals] == ["run_id_taken"] and suppressed == 1
     assert reopened.read_snapshot("run-1", include_interrupted=False)[1] == messages
+    reopened.close()

@@ -20,7 +20,7 @@ def _serve(options: argparse.Namespace) -> int:
     from .server import ServeOptions, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(ServeOptions(listen=options.listen, data_dir=options.data)))
+    asyncio.run(serve(ServeOptions(listen=options.listen, data_dir=options.data, fsync=options.fsync)))
     return 0
 
 
@@ -47,6 +47,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=Path,
         default=Path(os.environ.get("STEPREC_DATA", "steprec-data")),
         help="folder holding the DuckDB file (default ./steprec-data; env STEPREC_DATA)",
+    )
+    serve.add_argument(
+        "--fsync",
+        action="store_true",
+        default=os.environ.get("STEPREC_FSYNC", "") == "1",
+        help="fsync the write-ahead log before acknowledging, so acknowledged records also survive power loss "
+        "(without it they survive any crash of the recorder process; env STEPREC_FSYNC=1)",
     )
     serve.set_defaults(run=_serve)
 

@@ -81,6 +81,8 @@ _MIGRATIONS: dict[int, str] = {
         trace_id VARCHAR,
         span_id VARCHAR
     );
+    CREATE TABLE steprec_wal (applied_seq BIGINT NOT NULL);
+    INSERT INTO steprec_wal VALUES (0);
     CREATE INDEX runs_run_id ON runs (run_id);
     CREATE INDEX events_run_id ON events (run_id);
     CREATE INDEX messages_digest ON messages (digest);

@@ -27,6 +27,7 @@ SHUTDOWN_GRACE_SECONDS = 10.0
 class ServeOptions:
     listen: str = "127.0.0.1:4317"
     data_dir: Path = Path("steprec-data")
+    fsync: bool = False
 
 
 class Recorder:
@@ -34,7 +35,7 @@ class Recorder:
 
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        self.store = DuckDBStore(options.data_dir / DATABASE_NAME)
+        self.store = DuckDBStore(options.data_dir / DATABASE_NAME, fsync=options.fsync)
         self._server = grpc.aio.server()
         self._server.add_generic_rpc_handlers((LogsIngest(self.store).handler(),))
         query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(self.store), self._server)

@@ -1,18 +1,26 @@
-"""The DuckDB store: columnar batch ingest with replay suppression, and the reads the query API needs.
+"""The DuckDB store: validated ingest through a write-ahead log, columnar batch applies, and the reads.
 
-One writer at a time (a lock around each ingest transaction); readers use
-their own cursors, which DuckDB's MVCC keeps consistent with committed writes.
-Per-run ingest state (registration, applied keys, the last snapshot's
-references) lives in memory, is loaded from the file the first time a run is
-seen after start-up, and is dropped whenever a transaction fails, so it never
-runs ahead of what is committed.
+Ingest is sequential (one lock): each request's records are checked against
+per-run state (registration, applied keys, the last snapshot's references),
+turned into one Arrow table per table, appended to the write-ahead log, and
+acknowledged. One applier thread moves everything pending into DuckDB in a
+single transaction per round, so commits are few and large however many
+agents send. Reads first wait until everything acknowledged before them is
+applied, so a reader never misses an acknowledged record.
+
+Per-run state lives in memory and is loaded from the database the first time
+a run is seen after start-up; it runs ahead of DuckDB only by what the log
+already holds durably.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import marshal
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +38,19 @@ from .decode import (
     StepRecord,
     ToolEffectRecord,
 )
+from .digests import DigestFilter
 from .schema import migrate
+from .wal import WriteAheadLog
+
+logger = logging.getLogger(__name__)
+
+APPLY_LINGER_SECONDS = 0.5
+"""How long the applier lets acknowledged requests gather before a commit, unless a reader is waiting.
+
+Fewer, larger commits keep DuckDB's commit cost (and its hold on the GIL) off
+the ingest path; readers never wait for the linger, they cut it short.
+"""
+APPLY_BATCH_ENTRIES = 4096
 
 FULL_REFS_EVERY = 32
 """A snapshot stores its whole reference list after this many deltas, bounding the chain a read walks."""
@@ -77,14 +97,36 @@ class _Batch:
         for name, column in self.columns[table].items():
             column.append(values.get(name))
 
-    def write(self, cursor: duckdb.DuckDBPyConnection) -> None:
-        for table, columns in self.columns.items():
-            if not next(iter(columns.values())):
-                continue
-            arrow = pa.table({name: pa.array(values, _COLUMNS[table][name]) for name, values in columns.items()})
-            cursor.register("staged_rows", arrow)
-            cursor.execute(f"INSERT INTO {table} BY NAME SELECT * FROM staged_rows")
-            cursor.unregister("staged_rows")
+    def __bool__(self) -> bool:
+        return any(next(iter(columns.values())) for columns in self.columns.values())
+
+    def encode(self) -> bytes:
+        """A write-ahead log entry. `marshal` is the fastest codec for these plain values, and the
+        log is the recorder's own owner-only, checksummed file, never input from outside."""
+        return marshal.dumps({t: c for t, c in self.columns.items() if next(iter(c.values()))})
+
+
+def _to_arrow(entries: list[bytes | _Batch]) -> dict[str, pa.Table]:
+    """Merge logged entries into one Arrow table per table: the columnar batch DuckDB ingests."""
+    merged: dict[str, dict[str, list]] = {}
+    for entry in entries:
+        columns_by_table = marshal.loads(entry) if isinstance(entry, bytes) else entry.columns
+        for table, columns in columns_by_table.items():
+            target = merged.setdefault(table, {name: [] for name in _COLUMNS[table]})
+            for name, values in columns.items():
+                target[name].extend(values)
+    return {
+        table: pa.table({name: pa.array(values, _COLUMNS[table][name]) for name, values in columns.items()})
+        for table, columns in merged.items()
+        if next(iter(columns.values()))
+    }
+
+
+def _insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> None:
+    for name, table in tables.items():
+        cursor.register("staged_rows", table)
+        cursor.execute(f"INSERT INTO {name} BY NAME SELECT * FROM staged_rows")
+        cursor.unregister("staged_rows")
 
 
 def _snapshot_key_sequence(key: str) -> int | None:
@@ -136,7 +178,7 @@ class _RunState:
 class DuckDBStore:
     """A steprec database in one DuckDB file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, fsync: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         new = not path.exists()
         self.path = path
@@ -146,24 +188,128 @@ class DuckDBStore:
         migrate(self._connection)
         self._write_lock = threading.Lock()
         self._states: dict[str, _RunState] = {}
+        self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
+        self._applied = self._connection.execute("SELECT applied_seq FROM steprec_wal").fetchone()[0]
+        self._wal.skip_to(self._applied)
+        self._recover()
+        self._cond = threading.Condition()
+        self._pending: list[tuple[int, _Batch, set[bytes]]] = []
+        self._pending_digests: set[bytes] = set()
+        self._closing = False
+        self._readers_waiting = 0
+        self._applier = threading.Thread(target=self._apply_forever, name="steprec-applier", daemon=True)
+        self._applier.start()
+        self._digests = self._load_digest_filter()
         self._next_seq = 1 + self._connection.execute(
             "SELECT greatest((SELECT max(write_seq) FROM runs), (SELECT max(write_seq) FROM events),"
             " (SELECT max(write_seq) FROM snapshots), (SELECT max(write_seq) FROM tool_effects), 0)"
         ).fetchone()[0]
 
     def close(self) -> None:
+        """Apply everything acknowledged, then close the log and the database."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._applier.join()
         with self._write_lock:
+            self._wal.close()
             self._connection.close()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A read cursor that sees every record acknowledged before this call."""
+        self._wait_applied(self._wal.last_sequence)
         return self._connection.cursor()
+
+    # -- the write-ahead log and its applier -------------------------------------------------
+
+    def _recover(self) -> None:
+        """Apply log entries a previous process acknowledged but did not apply, before serving."""
+        entries = list(self._wal.entries_after(self._applied))
+        for start in range(0, len(entries), 256):
+            chunk = entries[start : start + 256]
+            self._apply([(seq, payload, set()) for seq, payload in chunk])
+            self._applied = chunk[-1][0]
+        if entries:
+            logger.info("recovered %d acknowledged requests from the write-ahead log", len(entries))
+
+    def _apply(self, entries: list[tuple[int, bytes | _Batch, set[bytes]]]) -> None:
+        tables = _to_arrow([entry for _, entry, _ in entries])
+        cursor = self._connection.cursor()
+        try:
+            cursor.execute("BEGIN")
+            _insert(cursor, tables)
+            cursor.execute("UPDATE steprec_wal SET applied_seq = ?", [entries[-1][0]])
+            cursor.execute("COMMIT")
+        except BaseException:
+            cursor.execute("ROLLBACK")
+            raise
+        finally:
+            cursor.close()
+
+    def _apply_forever(self) -> None:
+        backoff = 0.05
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                deadline = time.monotonic() + APPLY_LINGER_SECONDS
+                while (
+                    not self._closing
+                    and not self._readers_waiting
+                    and len(self._pending) < APPLY_BATCH_ENTRIES
+                    and (left := deadline - time.monotonic()) > 0
+                ):
+                    self._cond.wait(left)
+                entries, self._pending = self._pending, []
+            try:
+                self._apply(entries)
+            except Exception:
+                logger.exception("applying %d logged requests to DuckDB failed; retrying in %.2fs", len(entries), backoff)
+                with self._cond:
+                    self._pending = entries + self._pending
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.05
+            with self._cond:
+                self._applied = entries[-1][0]
+                for _, _, digests in entries:
+                    self._pending_digests -= digests
+                self._cond.notify_all()
+            with self._write_lock:
+                self._wal.release(self._applied)
+
+    def _load_digest_filter(self) -> DigestFilter:
+        """A filter sized for twice the stored messages; rebuilt, bigger, when it fills up."""
+        count = self._connection.execute("SELECT count(*) FROM messages").fetchone()[0]
+        digests = DigestFilter(capacity=max(1 << 20, 2 * count))
+        for batch in self._connection.execute("SELECT digest FROM messages").to_arrow_reader():
+            for digest in batch.column(0).to_pylist():
+                digests.add(digest)
+        return digests
+
+    def _wait_applied(self, sequence: int) -> None:
+        with self._cond:
+            if self._applied >= sequence:
+                return
+            self._readers_waiting += 1
+            self._cond.notify_all()
+            try:
+                self._cond.wait_for(lambda: self._applied >= sequence)
+            finally:
+                self._readers_waiting -= 1
 
     # -- ingest ----------------------------------------------------------------------------------
 
     def ingest(self, records: Iterable[StepRecord]) -> tuple[list[Refusal], int]:
         """Apply records in one transaction; returns the refusals and how many replays were suppressed."""
         with self._write_lock:
-            cursor = self._connection.cursor()
+            if self._digests.full:
+                self._wait_applied(self._wal.last_sequence)
+                self._digests = self._load_digest_filter()
+            cursor = self._connection.cursor()  # sees only applied rows; state covers the rest
             batch = _Batch()
             refusals: list[Refusal] = []
             suppressed = 0
@@ -184,12 +330,16 @@ class DuckDBStore:
                 except Malformed as error:
                     refusals.append(Refusal(record.lineage.index, error.code, str(error)))
             try:
-                cursor.execute("BEGIN")
-                batch.write(cursor)
-                cursor.execute("COMMIT")
+                if batch:
+                    sequence = self._wal.append(batch.encode())
+                    with self._cond:
+                        self._pending.append((sequence, batch, staged_digests))
+                        self._pending_digests |= staged_digests
+                        self._cond.notify_all()
             except BaseException:
-                cursor.execute("ROLLBACK")
-                for run_id in touched:  # their in-memory state ran ahead of the file
+                # Nothing of this request is durable, but its runs' state already counts it.
+                self._wait_applied(self._wal.last_sequence)
+                for run_id in touched:
                     self._states.pop(run_id, None)
                 raise
             finally:
@@ -324,6 +474,7 @@ class DuckDBStore:
         elif record.base_index == state.last_index:
             base = state.last_refs
         else:
+            self._wait_applied(self._wal.last_sequence)  # the base may still be in the log
             base = self._refs_of(cursor, record.lineage.run_id, record.base_index)
             if not base and record.keep:
                 raise Malformed("unknown_base", f"snapshot base {record.base_index} of this run was never stored")
@@ -349,6 +500,7 @@ class DuckDBStore:
                 text, size = bodies[digest]
                 batch.add("messages", digest=digest, body=text, size_bytes=size)
                 staged_digests.add(digest)
+                self._digests.add(digest)
         store_full = record.base_index is None or state.chain_depth + 1 >= FULL_REFS_EVERY
         batch.add(
             "snapshots",
@@ -368,10 +520,13 @@ class DuckDBStore:
         state.chain_depth = 0 if store_full else state.chain_depth + 1
         return True
 
-    @staticmethod
-    def _stored_digests(cursor: duckdb.DuckDBPyConnection, digests: set[bytes]) -> set[bytes]:
+    def _stored_digests(self, cursor: duckdb.DuckDBPyConnection, digests: set[bytes]) -> set[bytes]:
+        """Which of `digests` the store holds, in DuckDB or still in the log."""
+        with self._cond:
+            pending = digests & self._pending_digests
+        digests = {d for d in digests - pending if self._digests.might_contain(d)}
         if not digests:
-            return set()
+            return pending
         wanted = pa.table({"digest": pa.array(list(digests), pa.binary())})
         cursor.register("wanted_digests", wanted)
         try:
@@ -380,7 +535,7 @@ class DuckDBStore:
             ).fetchall()
         finally:
             cursor.unregister("wanted_digests")
-        return {bytes(d) for (d,) in rows}
+        return pending | {bytes(d) for (d,) in rows}
 
     # -- reads -----------------------------------------------------------------------------------
 
