@@ -25,11 +25,12 @@ def calls_tool_then_answers(calls: int, tool: str = "echo") -> FunctionModel:
     return FunctionModel(model)
 
 
-def echo_agent(endpoint: str, calls: int = 3, **recorder_options) -> Agent:
+def echo_agent(endpoint: str, calls: int = 3, *, padding: int = 0, **recorder_options) -> Agent:
+    """An agent whose `echo` tool returns its input, plus `padding` characters to make records big."""
     agent = Agent(calls_tool_then_answers(calls), name="echoer", capabilities=[StepRecorder(endpoint=endpoint, **recorder_options)])
 
     @agent.tool_plain
     def echo(text: str) -> str:
-        return f"echo: {text}"
+        return f"echo: {text}" + "." * padding
 
     return agent

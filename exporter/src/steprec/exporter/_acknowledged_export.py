@@ -3,7 +3,8 @@
 `OTLPLogExporter.export` answers only SUCCESS or FAILURE, dropping the response's
 `partial_success`. steprec needs it: a second registration of an explicit run id
 comes back as a refused record, and the capability must turn that into
-`ValueError`. Everything else (channel, credentials, headers, retries, the
+`ValueError`. It also sends requests that were encoded earlier (spooled ones).
+Everything else (channel, credentials, headers, compression, the
 `OTEL_EXPORTER_OTLP_*` environment) stays the stock exporter's.
 """
 
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import LogsServiceStub
-from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk._logs.export import LogRecordExportResult
 
 _REFUSAL_LINE = re.compile(r"^record (\d+) \[([a-z_]+)\]: (.*)$")
@@ -37,9 +37,6 @@ class ExportOutcome:
 
     delivered: bool
     refusals: tuple[Refusal, ...] = field(default=())
-
-    def refusal_for(self, index: int) -> Refusal | None:
-        return next((r for r in self.refusals if r.index == index), None)
 
 
 def parse_refusals(error_message: str) -> tuple[Refusal, ...]:
@@ -65,17 +62,34 @@ class _ResponseKeepingStub:
 
 
 class AcknowledgedLogExporter(OTLPLogExporter):
-    """`OTLPLogExporter` whose `export_acknowledged` also reports per-record refusals."""
+    """`OTLPLogExporter` that sends pre-encoded requests and reports per-record refusals.
+
+    It does not retry: a failed request goes to steprec's spool, whose drain
+    loop retries in the background, so a recorder that is down costs the agent
+    one failed call, not a backoff schedule.
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._retryable_error_codes = frozenset()
 
     def _initialize_channel_and_stub(self) -> None:
         self._stub = _ResponseKeepingStub
         super()._initialize_channel_and_stub()
 
-    def export_acknowledged(self, batch: Sequence[ReadableLogRecord]) -> ExportOutcome:
+    def _translate_data(self, data):
+        return data if isinstance(data, ExportLogsServiceRequest) else super()._translate_data(data)
+
+    def _count_data(self, data) -> int:
+        if isinstance(data, ExportLogsServiceRequest):
+            return sum(len(s.log_records) for r in data.resource_logs for s in r.scope_logs)
+        return super()._count_data(data)
+
+    def send(self, request: ExportLogsServiceRequest) -> ExportOutcome:
         client = self._client
         if isinstance(client, _ResponseKeepingStub):
             client.last.response = None
-        if self.export(batch) is not LogRecordExportResult.SUCCESS:
+        if self._export(request) is not LogRecordExportResult.SUCCESS:
             return ExportOutcome(delivered=False)
         response = getattr(client.last, "response", None) if isinstance(client, _ResponseKeepingStub) else None
         if response is None or not response.partial_success.rejected_log_records:

@@ -8,6 +8,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from opentelemetry._logs import LogRecord
@@ -26,7 +27,8 @@ from ._context import active_recording, live_history
 from ._events import SnapshotSaved
 from ._history import has_model_response, is_settled
 from ._identity import check_run_id, derive_run_id
-from ._pipeline import RecorderPipeline, pipeline_for
+from ._delivery import Delivery
+from ._pipeline import DeliveryOptions, RecorderPipeline, default_spool_dir, pipeline_for
 from ._snapshots import SnapshotEncoder
 
 DEFAULT_ENDPOINT = "127.0.0.1:4317"
@@ -95,7 +97,13 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     """Retention the recorder applies to this run's snapshots (None: the recorder's default)."""
 
     timeout_seconds: float = 5.0
-    """How long one delivery attempt may take before the records count as undelivered."""
+    """How long one request to the recorder may take before its records go to the spool instead."""
+
+    spool_dir: Path | None = None
+    """Where undeliverable records wait for the recorder (default: per endpoint under ~/.local/state/steprec)."""
+
+    spool_max_bytes: int = 256 << 20
+    """Bound of the spool; past it records are dropped, counted and logged."""
 
     _pipeline: RecorderPipeline | None = field(default=None, init=False, repr=False)
     _scope: _records.RunScope | None = field(default=None, init=False, repr=False)
@@ -119,6 +127,10 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             raise ValueError(f"max_snapshots_per_run must be a positive integer, got {self.max_snapshots_per_run!r}")
         if not isinstance(self.timeout_seconds, (int, float)) or self.timeout_seconds <= 0:
             raise ValueError(f"timeout_seconds must be a positive number, got {self.timeout_seconds!r}")
+        if not isinstance(self.spool_max_bytes, int) or self.spool_max_bytes < 1 << 20:
+            raise ValueError(f"spool_max_bytes must be an integer of at least 1 MiB, got {self.spool_max_bytes!r}")
+        if self.spool_dir is not None:
+            self.spool_dir = Path(self.spool_dir)
 
     # -- per-run materialisation ---------------------------------------------------------------
 
@@ -146,7 +158,14 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         if agent_name is None and ctx.agent is not None:
             agent_name = ctx.agent.name
         run = replace(self, run_id=run_id, parent_run_id=parent, agent_name=agent_name)
-        run._pipeline = pipeline_for(self.endpoint, timeout_seconds=self.timeout_seconds)
+        run._pipeline = pipeline_for(
+            DeliveryOptions(
+                endpoint=self.endpoint,
+                timeout_seconds=float(self.timeout_seconds),
+                spool_dir=self.spool_dir or default_spool_dir(self.endpoint),
+                spool_max_bytes=self.spool_max_bytes,
+            )
+        )
         run._scope = _records.RunScope(run_id, ctx.conversation_id, parent, agent_name, self.metadata)
         return run
 
@@ -162,8 +181,8 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         pipeline, _ = self.recording
         pipeline.logger.emit(record)
 
-    async def _acknowledged(self) -> bool:
-        """Wait until the recorder answered every record emitted so far; True if it received them."""
+    async def _acknowledged(self) -> Delivery:
+        """Wait until every record emitted so far is acknowledged by the recorder, or spooled."""
         pipeline, _ = self.recording
         return await asyncio.wrap_future(pipeline.delivery.barrier())
 
@@ -219,7 +238,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         )
         self._encoder.commit(snapshot_index, delta)
         self._last_snapshot_step = step_index
-        delivered = await self._acknowledged()
+        delivery = await self._acknowledged()
         await ctx.emit(
             SnapshotSaved(
                 run_id=scope.run_id,
@@ -227,7 +246,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
                 step_index=step_index,
                 snapshot_index=snapshot_index,
                 state=state,
-                delivered=delivered,
+                delivery=delivery.value,
             )
         )
 

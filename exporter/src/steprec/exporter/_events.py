@@ -9,10 +9,10 @@ from pydantic_ai import CapabilityEvent
 
 @dataclass(kw_only=True)
 class SnapshotSaved(CapabilityEvent, namespace="steprec", name="snapshot_saved"):
-    """A snapshot was acknowledged by the recorder (or, if it was down, handed to delivery).
+    """A snapshot was acknowledged by the recorder, or spooled while it was unreachable.
 
-    `delivered` is False when the recorder could not be reached; the recorder,
-    not this notification, is the source of truth.
+    `delivery` is `acknowledged`, `spooled` or `dropped` (spool full). The
+    recorder, not this notification, is the source of truth.
     """
 
     run_id: str
@@ -20,4 +20,4 @@ class SnapshotSaved(CapabilityEvent, namespace="steprec", name="snapshot_saved")
     step_index: int
     snapshot_index: int
     state: str
-    delivered: bool
+    delivery: str

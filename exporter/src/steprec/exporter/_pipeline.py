@@ -9,9 +9,12 @@ so an application's own logging setup neither receives nor reroutes steps.
 from __future__ import annotations
 
 import atexit
+import os
+import re
 import threading
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from opentelemetry._logs import Logger
 from opentelemetry.sdk._logs import LoggerProvider
@@ -21,6 +24,7 @@ from steprec.proto import wire
 
 from ._acknowledged_export import AcknowledgedLogExporter
 from ._delivery import OrderedDeliveryProcessor
+from ._spool import Spool
 
 try:
     EXPORTER_VERSION = version("steprec-exporter")
@@ -28,6 +32,24 @@ except PackageNotFoundError:  # running from a source tree without installing
     EXPORTER_VERSION = "0+unknown"
 
 _SHUTDOWN_TIMEOUT_MILLIS = 10_000
+
+
+def default_spool_dir(endpoint: str) -> Path:
+    """`$STEPREC_SPOOL_DIR`, else `$XDG_STATE_HOME/steprec/spool/<endpoint>` (~/.local/state by default)."""
+    if configured := os.environ.get("STEPREC_SPOOL_DIR"):
+        return Path(configured)
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return state / "steprec" / "spool" / re.sub(r"[^A-Za-z0-9_.-]", "_", endpoint)
+
+
+@dataclass(frozen=True)
+class DeliveryOptions:
+    """Everything that makes two StepRecorders need different pipelines."""
+
+    endpoint: str
+    timeout_seconds: float
+    spool_dir: Path
+    spool_max_bytes: int
 
 
 @dataclass(frozen=True)
@@ -40,23 +62,25 @@ class RecorderPipeline:
 
 
 _lock = threading.Lock()
-_pipelines: dict[tuple[str, float], RecorderPipeline] = {}
+_pipelines: dict[DeliveryOptions, RecorderPipeline] = {}
 
 
-def pipeline_for(endpoint: str, *, timeout_seconds: float) -> RecorderPipeline:
-    """The shared pipeline for `endpoint`, created on first use."""
-    key = (endpoint, timeout_seconds)
+def pipeline_for(options: DeliveryOptions) -> RecorderPipeline:
+    """The shared pipeline for these options, created on first use (adopting orphaned spool segments)."""
     with _lock:
-        if (pipeline := _pipelines.get(key)) is None:
-            exporter = AcknowledgedLogExporter(endpoint=endpoint, insecure=True, timeout=timeout_seconds)
-            delivery = OrderedDeliveryProcessor(exporter)
+        if (pipeline := _pipelines.get(options)) is None:
+            exporter = AcknowledgedLogExporter(
+                endpoint=options.endpoint, insecure=True, timeout=options.timeout_seconds
+            )
+            spool = Spool(options.spool_dir, max_bytes=options.spool_max_bytes)
+            delivery = OrderedDeliveryProcessor(exporter, spool)
             provider = LoggerProvider(
                 resource=Resource.create({"steprec.exporter.version": EXPORTER_VERSION}),
                 shutdown_on_exit=False,
             )
             provider.add_log_record_processor(delivery)
             pipeline = RecorderPipeline(provider, delivery, provider.get_logger(wire.SCOPE_NAME, EXPORTER_VERSION))
-            _pipelines[key] = pipeline
+            _pipelines[options] = pipeline
         return pipeline
 
 

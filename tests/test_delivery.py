@@ -1,0 +1,94 @@
+"""Delivery when the recorder is down, restarts, or comes back later: nothing hangs, nothing is lost."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from steprec.exporter import shutdown_pipelines
+from steprec.query import RecorderClient
+from steprec.recorder.process import RecorderProcess
+
+from .agents import echo_agent
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def _assert_complete_trail(endpoint: str, conversation_id: str, calls: int) -> None:
+    async with RecorderClient(endpoint) as client:
+        (run,) = await client.list_runs(conversation_id=conversation_id)
+        kinds = [e.kind for e in await client.list_events(run.run_id)]
+        assert kinds[0] == "run_started" and kinds[-1] == "run_completed"
+        assert kinds.count("tool_call_completed") == calls
+        assert len(kinds) == len(set((e.idempotency_key for e in await client.list_events(run.run_id))))
+        snapshot = await client.latest_snapshot(run.run_id)
+        assert snapshot is not None and len(snapshot.messages) == 2 + 2 * calls
+
+
+async def test_a_run_with_the_recorder_down_finishes_and_is_delivered_later(tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{_free_port()}"
+    agent = echo_agent(endpoint, calls=3, spool_dir=tmp_path / "spool")
+    started = time.monotonic()
+    result = await agent.run("go", conversation_id="conv-down")
+    assert result.output == "saw 3 returns"
+    assert time.monotonic() - started < 5, "a recorder that is down must not hold the agent up"
+    assert list((tmp_path / "spool").glob("spool-*.log"))
+
+    with RecorderProcess(tmp_path / "recorder", listen=endpoint):
+        shutdown_pipelines()  # flushes: the spool drains into the recorder that is now up
+        assert not list((tmp_path / "spool").glob("spool-*.log"))
+        await _assert_complete_trail(endpoint, "conv-down", calls=3)
+
+
+async def test_a_later_process_delivers_what_a_killed_one_spooled(tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{_free_port()}"
+    spool = tmp_path / "spool"
+    child = textwrap.dedent(
+        f"""
+        import asyncio, os, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.agents import echo_agent
+        agent = echo_agent({endpoint!r}, calls=2, spool_dir={str(spool)!r})
+        asyncio.run(agent.run("go", conversation_id="conv-orphan"))
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert list(spool.glob("spool-*.log"))
+
+    with RecorderProcess(tmp_path / "recorder", listen=endpoint):
+        # Any recorded run of a new process on the same spool adopts and drains the orphan.
+        await echo_agent(endpoint, calls=1, spool_dir=spool).run("hello", conversation_id="conv-new")
+        shutdown_pipelines()
+        await _assert_complete_trail(endpoint, "conv-orphan", calls=2)
+        await _assert_complete_trail(endpoint, "conv-new", calls=1)
+
+
+async def test_a_full_spool_drops_counted_and_loudly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    endpoint = f"127.0.0.1:{_free_port()}"
+    # Each snapshot carries a new 100 KB tool return, so a 1 MiB spool fills after about ten steps.
+    agent = echo_agent(endpoint, calls=40, padding=100_000, spool_dir=tmp_path / "spool", spool_max_bytes=1 << 20)
+    with caplog.at_level(logging.WARNING, logger="steprec.exporter._spool"):
+        await agent.run("go")
+    from steprec.exporter._pipeline import _pipelines
+
+    (pipeline,) = _pipelines.values()
+    dropped = pipeline.delivery.dropped_requests
+    warnings = [r for r in caplog.records if "is full" in r.getMessage()]
+    assert dropped > 0 and len(warnings) == dropped
+    assert sum(f.stat().st_size for f in (tmp_path / "spool").glob("spool-*.log")) <= 1 << 20
