@@ -48,7 +48,7 @@ def _round_trip(*records):
 
 
 def test_step_event_round_trip() -> None:
-    error = ConnectionError("boom")
+    error = _records.ErrorText.of(ConnectionError("boom"))
     (event,) = _round_trip(
         _records.step_event(
             SCOPE, "tool_call_failed", step_index=4, idempotency_key="7:4:tool_call_failed:c1",
@@ -57,7 +57,7 @@ def test_step_event_round_trip() -> None:
     )  # fmt: skip
     assert isinstance(event, StepEventRecord)
     assert (event.kind, event.tool_call_id, event.tool_name, event.error) == (
-        "tool_call_failed", "c1", "search", repr(error),
+        "tool_call_failed", "c1", "search", repr(ConnectionError("boom")),
     )  # fmt: skip
     lineage = event.lineage
     assert (lineage.run_id, lineage.conversation_id, lineage.parent_run_id, lineage.agent_name) == (

@@ -7,13 +7,13 @@ import os
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from opentelemetry._logs import LogRecord
 from pydantic_ai import CallToolsNode, ModelRequestNode
-from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities import AbstractCapability, durable_operation
 from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
@@ -27,6 +27,7 @@ from ._context import active_recording, live_history
 from ._events import SnapshotSaved
 from ._history import has_model_response, is_settled
 from ._identity import check_run_id, derive_run_id
+from ._records import ErrorText
 from ._delivery import Delivery
 from ._pipeline import DeliveryOptions, RecorderPipeline, default_spool_dir, pipeline_for
 from ._snapshots import SnapshotEncoder
@@ -96,6 +97,11 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     max_snapshots_per_run: int | None = None
     """Retention the recorder applies to this run's snapshots (None: the recorder's default)."""
 
+    delivery: Literal["acknowledged", "best_effort"] = "acknowledged"
+    """`acknowledged` (default): snapshots and tool-effect starts return only once the recorder
+    committed them (or they were spooled because it is unreachable). `best_effort`: nothing waits
+    except run registration; faster, but a crash can lose the last records still in memory."""
+
     timeout_seconds: float = 5.0
     """How long one request to the recorder may take before its records go to the spool instead."""
 
@@ -113,6 +119,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     _encoder: SnapshotEncoder = field(default_factory=SnapshotEncoder, init=False, repr=False)
     _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
     _annotations: dict[str, dict[str, str]] = field(default_factory=dict, init=False, repr=False)
+    _in_flight: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_endpoint(self.endpoint)
@@ -131,6 +138,18 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             raise ValueError(f"spool_max_bytes must be an integer of at least 1 MiB, got {self.spool_max_bytes!r}")
         if self.spool_dir is not None:
             self.spool_dir = Path(self.spool_dir)
+        if self.delivery not in ("acknowledged", "best_effort"):
+            raise ValueError(f"delivery must be 'acknowledged' or 'best_effort', got {self.delivery!r}")
+
+    @classmethod
+    def from_spec(cls, *args: Any, **kwargs: Any) -> StepRecorder[Any]:
+        """Build from a serialised agent spec; an unknown option is an error, never silently ignored."""
+        if args:
+            raise ValueError("StepRecorder spec options must be given by name")
+        known = {f.name for f in fields(cls) if f.init and not f.name.startswith("_")}
+        if unknown := sorted(set(kwargs) - known):
+            raise ValueError(f"unknown StepRecorder option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**kwargs)
 
     # -- per-run materialisation ---------------------------------------------------------------
 
@@ -176,6 +195,11 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         return self._pipeline, self._scope
 
     # -- writing ---------------------------------------------------------------------------------
+    #
+    # Every write is a pydantic-ai durable operation with serialisable arguments, and every
+    # timestamp is read inside one (in `_records`), so a durable-execution engine journals the
+    # write and replays it with the same values. Per-run counters advance outside the operations:
+    # replay re-runs the hooks in the same order and regenerates the same idempotency keys.
 
     def _emit(self, record: LogRecord) -> None:
         pipeline, _ = self.recording
@@ -186,6 +210,56 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         pipeline, _ = self.recording
         return await asyncio.wrap_future(pipeline.delivery.barrier())
 
+    async def _settle(self, durable: bool) -> str:
+        """Wait for the recorder on durable records unless the user chose best-effort delivery."""
+        if durable and self.delivery == "acknowledged":
+            return (await self._acknowledged()).value
+        return "queued"
+
+    @durable_operation(name="registration_id")
+    async def _new_registration_id(self) -> str:
+        return str(uuid.uuid4())
+
+    @durable_operation(name="append_event")
+    async def _append_event(
+        self,
+        *,
+        kind: str,
+        step_index: int,
+        event_index: int,
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
+        error: ErrorText | None = None,
+        registration_id: str | None = None,
+        durable: bool = False,
+    ) -> str:
+        pipeline, scope = self.recording
+        record = _records.step_event(
+            scope,
+            kind,
+            step_index=step_index,
+            # The reference key: hook order is deterministic under replay, the sequence separates
+            # repeated events within a step, the rest keeps the key readable.
+            idempotency_key=f"{event_index}:{step_index}:{kind}:{tool_call_id or ''}",
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            error=error,
+            registration_id=registration_id,
+            max_snapshots=self.max_snapshots_per_run if registration_id else None,
+        )
+        self._emit(record)
+        if registration_id is None:
+            return await self._settle(durable)
+        # A registration is always waited for: a refused one must fail this run.
+        await self._acknowledged()
+        refusal = pipeline.delivery.pop_refusal(record)
+        if refusal is not None and refusal.code == wire.REFUSED_RUN_ID_TAKEN:
+            raise ValueError(
+                f"StepRecorder: run_id {scope.run_id!r} is already registered with the recorder. "
+                "run_id is single-use; pass conversation_id= to Agent.run for multi-turn grouping instead."
+            )
+        return "acknowledged"
+
     async def _record_event(
         self,
         ctx: RunContext[AgentDepsT],
@@ -194,35 +268,35 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         tool_call_id: str | None = None,
         tool_name: str | None = None,
         error: BaseException | None = None,
-        **extra: Any,
-    ) -> LogRecord:
-        _, scope = self.recording
+        registration_id: str | None = None,
+        durable: bool = False,
+    ) -> None:
         event_index = self._event_sequence
         self._event_sequence += 1
-        record = _records.step_event(
-            scope,
-            kind,
+        await self._append_event(
+            kind=kind,
             step_index=ctx.run_step,
-            # The reference key: hook order is deterministic under replay, the sequence separates
-            # repeated events within a step, the rest keeps the key readable.
-            idempotency_key=f"{event_index}:{ctx.run_step}:{kind}:{tool_call_id or ''}",
+            event_index=event_index,
             tool_call_id=tool_call_id,
             tool_name=tool_name,
-            error=error,
-            **extra,
+            error=ErrorText.of(error) if error is not None else None,
+            registration_id=registration_id,
+            durable=durable,
         )
-        self._emit(record)
-        return record
 
-    async def _save_snapshot(
-        self, ctx: RunContext[AgentDepsT], messages: list[ModelMessage], step_index: int, *, fresh: bool = False
-    ) -> None:
-        """Send a snapshot and wait for its acknowledgement: this is the resume point after a crash."""
+    @durable_operation(name="save_snapshot")
+    async def _persist_snapshot(
+        self,
+        *,
+        snapshot_index: int,
+        step_index: int,
+        state: str,
+        base_index: int | None,
+        keep: int,
+        append_refs: bytes,
+        new_messages: list[str],
+    ) -> str:
         _, scope = self.recording
-        state = "complete" if is_settled(messages) else "interrupted"
-        snapshot_index = self._snapshot_sequence
-        self._snapshot_sequence += 1
-        delta = self._encoder.encode(messages, fresh=fresh)
         self._emit(
             _records.snapshot(
                 scope,
@@ -230,15 +304,38 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
                 step_index=step_index,
                 state=state,
                 idempotency_key=f"{snapshot_index}:{step_index}:{state}",
-                base_index=delta.base_index,
-                keep=delta.keep,
-                append_refs=delta.append_refs,
-                new_messages=delta.new_messages,
+                base_index=base_index,
+                keep=keep,
+                append_refs=append_refs,
+                new_messages=new_messages,
             )
+        )
+        return await self._settle(durable=True)
+
+    async def _save_snapshot(
+        self, ctx: RunContext[AgentDepsT], messages: list[ModelMessage], step_index: int, *, fresh: bool = False
+    ) -> None:
+        """Send a snapshot and wait for its acknowledgement: this is the resume point after a crash.
+
+        Serialising here copies the history, so later changes to the live list
+        cannot alter what was saved.
+        """
+        _, scope = self.recording
+        state = "complete" if is_settled(messages) else "interrupted"
+        snapshot_index = self._snapshot_sequence
+        self._snapshot_sequence += 1
+        delta = self._encoder.encode(messages, fresh=fresh)
+        delivery = await self._persist_snapshot(
+            snapshot_index=snapshot_index,
+            step_index=step_index,
+            state=state,
+            base_index=delta.base_index,
+            keep=delta.keep,
+            append_refs=delta.append_refs,
+            new_messages=delta.new_messages,
         )
         self._encoder.commit(snapshot_index, delta)
         self._last_snapshot_step = step_index
-        delivery = await self._acknowledged()
         await ctx.emit(
             SnapshotSaved(
                 run_id=scope.run_id,
@@ -246,48 +343,75 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
                 step_index=step_index,
                 snapshot_index=snapshot_index,
                 state=state,
-                delivery=delivery.value,
+                delivery=delivery,
             )
         )
 
-    async def _record_tool_effect(
+    @durable_operation(name="record_tool_effect")
+    async def _persist_tool_effect(
         self,
-        ctx: RunContext[AgentDepsT],
+        *,
         status: str,
-        call: ToolCallPart,
+        effect_index: int,
+        step_index: int,
+        tool_call_id: str,
         tool_name: str,
-        error: BaseException | None = None,
-    ) -> None:
+        idempotency_key: str | None = None,
+        effect_summary: str | None = None,
+        error: ErrorText | None = None,
+        durable: bool = False,
+    ) -> str:
         _, scope = self.recording
-        annotations = self._annotations.get(call.tool_call_id, {})
-        effect_index = self._effect_sequence
-        self._effect_sequence += 1
         self._emit(
             _records.tool_effect(
                 scope,
                 status,
-                step_index=ctx.run_step,
-                record_key=f"{effect_index}:{call.tool_call_id}:{status}",
-                tool_call_id=call.tool_call_id,
+                step_index=step_index,
+                record_key=f"{effect_index}:{tool_call_id}:{status}",
+                tool_call_id=tool_call_id,
                 tool_name=tool_name,
-                idempotency_key=annotations.get(wire.BODY_EFFECT_IDEMPOTENCY_KEY),
-                effect_summary=annotations.get(wire.BODY_EFFECT_SUMMARY),
+                idempotency_key=idempotency_key,
+                effect_summary=effect_summary,
                 error=error,
             )
+        )
+        return await self._settle(durable)
+
+    async def _record_tool_effect(
+        self,
+        ctx: RunContext[Any],
+        status: str,
+        tool_call_id: str,
+        tool_name: str,
+        *,
+        error: BaseException | None = None,
+        durable: bool = False,
+    ) -> None:
+        annotations = self._annotations.get(tool_call_id, {})
+        effect_index = self._effect_sequence
+        self._effect_sequence += 1
+        await self._persist_tool_effect(
+            status=status,
+            effect_index=effect_index,
+            step_index=ctx.run_step,
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            idempotency_key=annotations.get(wire.BODY_EFFECT_IDEMPOTENCY_KEY),
+            effect_summary=annotations.get(wire.BODY_EFFECT_SUMMARY),
+            error=ErrorText.of(error) if error is not None else None,
+            durable=durable,
         )
 
     async def annotate(self, ctx: RunContext[Any], idempotency_key: str | None, effect_summary: str | None) -> None:
         """Merge annotations into the in-flight tool's record; they ride along on its terminal record too."""
-        if ctx.tool_call_id is None or ctx.tool_name is None:
+        if ctx.tool_call_id is None or ctx.tool_name is None or ctx.tool_call_id not in self._in_flight:
             return
         annotations = self._annotations.setdefault(ctx.tool_call_id, {})
         if idempotency_key is not None:
             annotations[wire.BODY_EFFECT_IDEMPOTENCY_KEY] = idempotency_key
         if effect_summary is not None:
             annotations[wire.BODY_EFFECT_SUMMARY] = effect_summary
-        call = ToolCallPart(tool_name=ctx.tool_name, tool_call_id=ctx.tool_call_id)
-        await self._record_tool_effect(ctx, "annotated", call, ctx.tool_name)
-        await self._acknowledged()
+        await self._record_tool_effect(ctx, "annotated", ctx.tool_call_id, ctx.tool_name, durable=True)
 
     # -- run boundaries --------------------------------------------------------------------------
 
@@ -310,20 +434,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         tool_call_id)` and providers reuse tool-call ids, so a silent collision
         would erase the unknown-after-crash signal.
         """
-        pipeline, scope = self.recording
-        record = await self._record_event(
-            ctx,
-            "run_started",
-            registration_id=str(uuid.uuid4()),
-            max_snapshots=self.max_snapshots_per_run,
-        )
-        await self._acknowledged()
-        refusal = pipeline.delivery.pop_refusal(record)
-        if refusal is not None and refusal.code == wire.REFUSED_RUN_ID_TAKEN:
-            raise ValueError(
-                f"StepRecorder: run_id {scope.run_id!r} is already registered with the recorder. "
-                "run_id is single-use; pass conversation_id= to Agent.run for multi-turn grouping instead."
-            )
+        await self._record_event(ctx, "run_started", registration_id=await self._new_registration_id())
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         """Emit `run_completed`, saving a final snapshot only when the final history differs from the last one.
@@ -335,8 +446,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         if self._encoder.refs(messages, fresh=True) != self._encoder.previous_refs and is_settled(messages):
             step = self._last_snapshot_step if self._last_snapshot_step is not None else ctx.run_step
             await self._save_snapshot(ctx, list(messages), step)
-        await self._record_event(ctx, "run_completed")
-        await self._acknowledged()
+        await self._record_event(ctx, "run_completed", durable=True)
         return result
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
@@ -351,8 +461,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             captured = list(stashed[0])
             if has_model_response(captured) or (self.capture_frontier and captured):
                 await self._save_snapshot(ctx, captured, stashed[1], fresh=True)
-        await self._record_event(ctx, "run_failed", error=error)
-        await self._acknowledged()
+        await self._record_event(ctx, "run_failed", error=error, durable=True)
         raise error
 
     # -- model requests --------------------------------------------------------------------------
@@ -389,9 +498,11 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         If the process dies inside the tool, that record is what tells a later
         reader the side effect may or may not have happened.
         """
-        await self._record_tool_effect(ctx, "started", call, tool_def.name)
-        await self._record_event(ctx, "tool_call_started", tool_call_id=call.tool_call_id, tool_name=tool_def.name)
-        await self._acknowledged()
+        self._in_flight.add(call.tool_call_id)
+        await self._record_tool_effect(ctx, "started", call.tool_call_id, tool_def.name)
+        await self._record_event(
+            ctx, "tool_call_started", tool_call_id=call.tool_call_id, tool_name=tool_def.name, durable=True
+        )
         return args
 
     async def after_tool_execute(
@@ -403,7 +514,8 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         args: dict[str, Any],
         result: Any,
     ) -> Any:
-        await self._record_tool_effect(ctx, "completed", call, tool_def.name)
+        self._in_flight.discard(call.tool_call_id)
+        await self._record_tool_effect(ctx, "completed", call.tool_call_id, tool_def.name)
         await self._record_event(ctx, "tool_call_completed", tool_call_id=call.tool_call_id, tool_name=tool_def.name)
         return result
 
@@ -416,7 +528,8 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         args: dict[str, Any],
         error: Exception,
     ) -> Any:
-        await self._record_tool_effect(ctx, "failed", call, tool_def.name, error=error)
+        self._in_flight.discard(call.tool_call_id)
+        await self._record_tool_effect(ctx, "failed", call.tool_call_id, tool_def.name, error=error)
         await self._record_event(
             ctx, "tool_call_failed", tool_call_id=call.tool_call_id, tool_name=tool_def.name, error=error
         )

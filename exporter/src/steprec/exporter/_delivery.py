@@ -73,6 +73,7 @@ class OrderedDeliveryProcessor(LogRecordProcessor):
         self._last_delivery = Delivery.ACKNOWLEDGED
         self._drain_after = 0.0
         self._drain_backoff = _DRAIN_BACKOFF[0]
+        self._drain_failures = 0
         self._closed = False
         self._thread = threading.Thread(target=self._deliver_forever, name="steprec-delivery", daemon=True)
         self._thread.start()
@@ -113,16 +114,21 @@ class OrderedDeliveryProcessor(LogRecordProcessor):
             return self._refusals.pop(id(record), None)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Answer everything emitted, then give the spool until the deadline to drain."""
+        """Answer everything emitted, then try once more to drain the spool; True if nothing is left over.
+
+        Records still spooled afterwards are safe on disk: a recorder that is
+        down is not waited for, a later process re-sends them.
+        """
         deadline = time.monotonic() + timeout_millis / 1000
         try:
             self.barrier().result(timeout=timeout_millis / 1000)
         except TimeoutError:
             return False
         with self._cond:
+            failures = self._drain_failures
             self._drain_after = 0.0
             self._cond.notify()
-            while self._spool and time.monotonic() < deadline:
+            while self._spool and self._drain_failures == failures and time.monotonic() < deadline:
                 self._cond.wait(min(0.05, max(deadline - time.monotonic(), 0)))
             return not self._spool
 
@@ -198,6 +204,9 @@ class OrderedDeliveryProcessor(LogRecordProcessor):
             if not outcome.delivered:
                 self._drain_after = time.monotonic() + self._drain_backoff
                 self._drain_backoff = min(self._drain_backoff * 2, _DRAIN_BACKOFF[1])
+                with self._cond:
+                    self._drain_failures += 1
+                    self._cond.notify_all()
                 return
             for refusal in outcome.refusals:
                 logger.warning("steprec: recorder refused a spooled record: %s", refusal.reason)

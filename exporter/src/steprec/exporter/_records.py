@@ -39,6 +39,24 @@ class RunScope:
         return attributes
 
 
+@dataclass(frozen=True)
+class ErrorText:
+    """An exception as text: its class name and `repr`, the reference's error string."""
+
+    type: str
+    text: str
+
+    @classmethod
+    def of(cls, error: BaseException) -> ErrorText:
+        return cls(type(error).__qualname__, repr(error))
+
+
+def _add_error(attributes: dict, error: ErrorText | None) -> None:
+    if error is not None:
+        attributes[wire.ERROR_TYPE] = error.type
+        attributes[wire.ERROR_MESSAGE] = error.text
+
+
 def _record(event_name: str, attributes: dict, body: dict, *, error: bool = False) -> LogRecord:
     return LogRecord(
         timestamp=time.time_ns(),
@@ -57,7 +75,7 @@ def step_event(
     idempotency_key: str,
     tool_call_id: str | None = None,
     tool_name: str | None = None,
-    error: BaseException | None = None,
+    error: ErrorText | None = None,
     registration_id: str | None = None,
     max_snapshots: int | None = None,
 ) -> LogRecord:
@@ -71,9 +89,7 @@ def step_event(
     ):
         if value is not None:
             attributes[name] = value
-    if error is not None:
-        attributes[wire.ERROR_TYPE] = type(error).__qualname__
-        attributes[wire.ERROR_MESSAGE] = repr(error)
+    _add_error(attributes, error)
     return _record(wire.EVENT_PREFIX + kind, attributes, {wire.BODY_METADATA: dict(scope.metadata)}, error=error is not None)
 
 
@@ -116,7 +132,7 @@ def tool_effect(
     tool_name: str,
     idempotency_key: str | None = None,
     effect_summary: str | None = None,
-    error: BaseException | None = None,
+    error: ErrorText | None = None,
 ) -> LogRecord:
     """A tool-effect ledger entry.
 
@@ -127,9 +143,7 @@ def tool_effect(
     attributes[wire.EFFECT_STATUS] = status
     attributes[wire.TOOL_CALL_ID] = tool_call_id
     attributes[wire.TOOL_NAME] = tool_name
-    if error is not None:
-        attributes[wire.ERROR_TYPE] = type(error).__qualname__
-        attributes[wire.ERROR_MESSAGE] = repr(error)
+    _add_error(attributes, error)
     body: dict[str, str] = {}
     if idempotency_key is not None:
         body[wire.BODY_EFFECT_IDEMPOTENCY_KEY] = idempotency_key
