@@ -19,7 +19,7 @@ def calls_tool_then_answers(calls: int, tool: str = "echo") -> FunctionModel:
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         done = len(tool_returns(messages))
         if done < calls:
-            return ModelResponse(parts=[ToolCallPart(tool, {"text": f"call {done}"})])
+            return ModelResponse(parts=[ToolCallPart(tool, {"text": f"call {done}"}, tool_call_id=f"call-{done}")])
         return ModelResponse(parts=[TextPart(f"saw {done} returns")])
 
     return FunctionModel(model)

@@ -313,7 +313,13 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         return await self._settle(durable=True)
 
     async def _save_snapshot(
-        self, ctx: RunContext[AgentDepsT], messages: list[ModelMessage], step_index: int, *, fresh: bool = False
+        self,
+        ctx: RunContext[AgentDepsT],
+        messages: list[ModelMessage],
+        step_index: int,
+        *,
+        fresh: bool = False,
+        provisional: int = 0,
     ) -> None:
         """Send a snapshot and wait for its acknowledgement: this is the resume point after a crash.
 
@@ -324,7 +330,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         state = "complete" if is_settled(messages) else "interrupted"
         snapshot_index = self._snapshot_sequence
         self._snapshot_sequence += 1
-        delta = self._encoder.encode(messages, fresh=fresh)
+        delta = self._encoder.encode(messages, fresh=fresh, provisional=provisional)
         delivery = await self._persist_snapshot(
             snapshot_index=snapshot_index,
             step_index=step_index,
@@ -553,10 +559,11 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         if self.capture_frontier and isinstance(node, ModelRequestNode):
             await self._save_snapshot(ctx, messages, ctx.run_step)
         if isinstance(node, CallToolsNode):
-            if isinstance(result, ModelRequestNode):
+            folded = isinstance(result, ModelRequestNode)
+            if folded:
                 messages = [*messages, result.request]
             if is_settled(messages):
-                await self._save_snapshot(ctx, messages, ctx.run_step)
+                await self._save_snapshot(ctx, messages, ctx.run_step, provisional=int(folded))
         return result
 
 

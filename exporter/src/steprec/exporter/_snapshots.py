@@ -47,12 +47,13 @@ class SnapshotEncoder:
     _previous_refs: tuple[bytes, ...] = ()
     _previous_index: int | None = None
 
-    def _digest(self, message: ModelMessage, *, fresh: bool) -> tuple[bytes, str]:
-        cached = None if fresh else self._digest_by_id.get(id(message))
+    def _digest(self, message: ModelMessage, *, fresh: bool, cache: bool = True) -> tuple[bytes, str]:
+        cached = None if fresh or not cache else self._digest_by_id.get(id(message))
         if cached is None:
             text = _MESSAGE.dump_json(message).decode()
             cached = (message, hashlib.sha256(text.encode()).digest(), text)
-            self._digest_by_id[id(message)] = cached
+            if cache:
+                self._digest_by_id[id(message)] = cached
         return cached[1], cached[2]
 
     def refs(self, messages: list[ModelMessage], *, fresh: bool = False) -> tuple[bytes, ...]:
@@ -63,9 +64,16 @@ class SnapshotEncoder:
     def previous_refs(self) -> tuple[bytes, ...]:
         return self._previous_refs
 
-    def encode(self, messages: list[ModelMessage], *, fresh: bool = False) -> SnapshotDelta:
-        """The delta of `messages` against the previous snapshot; call `commit` once it is emitted."""
-        keyed = [self._digest(m, fresh=fresh) for m in messages]
+    def encode(self, messages: list[ModelMessage], *, fresh: bool = False, provisional: int = 0) -> SnapshotDelta:
+        """The delta of `messages` against the previous snapshot; call `commit` once it is emitted.
+
+        The last `provisional` messages are not in the run's history yet (a
+        tool-return request folded in ahead of the graph) and pydantic-ai still
+        stamps them when it appends them, so they are serialised without being
+        cached: the next snapshot sees their final content.
+        """
+        settled = len(messages) - provisional
+        keyed = [self._digest(m, fresh=fresh, cache=i < settled) for i, m in enumerate(messages)]
         refs = tuple(digest for digest, _ in keyed)
         keep = _common_prefix(self._previous_refs, refs) if self._previous_index is not None else 0
         new_messages = []
