@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import re
 import uuid
@@ -297,6 +298,22 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         new_messages: list[str],
     ) -> str:
         _, scope = self.recording
+        inline = []
+        for text in new_messages:
+            encoded = text.encode()
+            if len(encoded) <= wire.FRAGMENT_BYTES:
+                inline.append(text)
+                continue
+            # Too big for one request under gRPC's 4 MiB default: send it ahead in pieces.
+            digest = hashlib.sha256(encoded).hexdigest()
+            count = -(-len(encoded) // wire.FRAGMENT_BYTES)
+            for index in range(count):
+                piece = encoded[index * wire.FRAGMENT_BYTES : (index + 1) * wire.FRAGMENT_BYTES]
+                self._emit(
+                    _records.message_fragment(
+                        scope, step_index=step_index, digest=digest, index=index, count=count, data=piece
+                    )
+                )
         self._emit(
             _records.snapshot(
                 scope,
@@ -307,7 +324,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
                 base_index=base_index,
                 keep=keep,
                 append_refs=append_refs,
-                new_messages=new_messages,
+                new_messages=inline,
             )
         )
         return await self._settle(durable=True)

@@ -150,3 +150,12 @@ def tool_effect(
     if effect_summary is not None:
         body[wire.BODY_EFFECT_SUMMARY] = effect_summary
     return _record(wire.TOOL_EFFECT, attributes, body, error=error is not None)
+
+
+def message_fragment(scope: RunScope, *, step_index: int, digest: str, index: int, count: int, data: bytes) -> LogRecord:
+    """One piece of a message too large for one request (see `wire.FRAGMENT_BYTES`)."""
+    attributes = scope.attributes(step_index, f"fragment:{digest}:{index}")
+    attributes[wire.FRAGMENT_DIGEST] = digest
+    attributes[wire.FRAGMENT_INDEX] = index
+    attributes[wire.FRAGMENT_COUNT] = count
+    return _record(wire.MESSAGE_FRAGMENT, attributes, {wire.BODY_FRAGMENT_DATA: data})

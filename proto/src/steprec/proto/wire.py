@@ -27,6 +27,8 @@ EVENT_KINDS: Final = (
 )
 SNAPSHOT: Final = "steprec.snapshot"
 TOOL_EFFECT: Final = "steprec.tool_effect"
+MESSAGE_FRAGMENT: Final = "steprec.message_fragment"
+"""A piece of a message too large for one request; sent before the snapshot that refers to it."""
 
 # Attributes every record carries (those that are known).
 RUN_ID: Final = "steprec.run.id"
@@ -51,6 +53,15 @@ SNAPSHOT_STATE: Final = "steprec.snapshot.state"
 SNAPSHOT_BASE_INDEX: Final = "steprec.snapshot.base_index"
 SNAPSHOT_KEEP: Final = "steprec.snapshot.keep"
 SNAPSHOT_STATES: Final = ("complete", "interrupted")
+
+# Message fragments.
+FRAGMENT_DIGEST: Final = "steprec.message.digest"
+"""Hex SHA-256 of the whole message's JSON bytes."""
+FRAGMENT_INDEX: Final = "steprec.fragment.index"
+FRAGMENT_COUNT: Final = "steprec.fragment.count"
+BODY_FRAGMENT_DATA: Final = "data"
+FRAGMENT_BYTES: Final = 1 << 20
+"""Messages whose JSON is larger than this travel as fragments of at most this many bytes."""
 
 # Tool effects.
 EFFECT_STATUS: Final = "steprec.tool_effect.status"

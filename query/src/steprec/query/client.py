@@ -125,11 +125,16 @@ class RecorderClient:
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> Snapshot | None:
         """The newest `complete` snapshot (newest of either state with `include_interrupted`), or None."""
         request = pb.ReadSnapshotRequest(run_id=run_id, include_interrupted=include_interrupted)
-        info, messages = None, []
+        info, messages, piece = None, [], bytearray()
         try:
             async for chunk in self._stub.ReadSnapshot(request, timeout=self.timeout):
                 if chunk.HasField("info"):
                     info = chunk.info
+                if chunk.message_piece:  # a message larger than one chunk, in order
+                    piece += chunk.message_piece
+                    if chunk.message_complete:
+                        messages.append(bytes(piece))
+                        piece.clear()
                 messages.extend(chunk.messages_json)
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.NOT_FOUND:

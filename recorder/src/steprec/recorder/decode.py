@@ -94,7 +94,16 @@ class ToolEffectRecord:
     effect_summary: str | None
 
 
-StepRecord = StepEventRecord | SnapshotRecord | ToolEffectRecord
+@dataclass(frozen=True, slots=True)
+class MessageFragmentRecord:
+    lineage: Lineage
+    digest: bytes
+    index: int
+    count: int
+    data: bytes
+
+
+StepRecord = StepEventRecord | SnapshotRecord | ToolEffectRecord | MessageFragmentRecord
 
 
 def _plain(value: AnyValue, *, depth: int = 0) -> object:
@@ -249,6 +258,20 @@ def _tool_effect(lineage: Lineage, fields: _Fields, body: dict[str, object]) -> 
     )
 
 
+def _message_fragment(lineage: Lineage, fields: _Fields, body: dict[str, object]) -> MessageFragmentRecord:
+    digest = fields.text(wire.FRAGMENT_DIGEST, required=True)
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise Malformed("bad_attribute", f"attribute {wire.FRAGMENT_DIGEST} must be 64 lowercase hex digits")
+    count = fields.integer(wire.FRAGMENT_COUNT, required=True, minimum=1)
+    index = fields.integer(wire.FRAGMENT_INDEX, required=True)
+    if index >= count:
+        raise Malformed("bad_attribute", f"fragment index {index} is not below its count {count}")
+    data = body.get(wire.BODY_FRAGMENT_DATA)
+    if not isinstance(data, bytes) or not data or len(data) > wire.FRAGMENT_BYTES:
+        raise Malformed("bad_body", f"body.{wire.BODY_FRAGMENT_DATA} must be 1 to {wire.FRAGMENT_BYTES} bytes")
+    return MessageFragmentRecord(lineage, bytes.fromhex(digest), index, count, data)
+
+
 def decode_record(index: int, record: LogRecord) -> StepRecord:
     """One OTLP log record as a steprec record; raises `Malformed` with the reason."""
     event_name = record.event_name
@@ -261,6 +284,8 @@ def decode_record(index: int, record: LogRecord) -> StepRecord:
         return _snapshot(lineage, fields, body)
     if event_name == wire.TOOL_EFFECT:
         return _tool_effect(lineage, fields, body)
+    if event_name == wire.MESSAGE_FRAGMENT:
+        return _message_fragment(lineage, fields, body)
     raise Malformed("unknown_event", f"event_name {event_name[:80]!r} is not a steprec record")
 
 

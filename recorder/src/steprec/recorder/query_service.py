@@ -135,8 +135,16 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
             if size and size + len(encoded) > _CHUNK_BYTES:
                 yield chunk
                 chunk, size = pb.SnapshotChunk(), 0
-            chunk.messages_json.append(encoded)
-            size += len(encoded)
+            if len(encoded) <= _CHUNK_BYTES:
+                chunk.messages_json.append(encoded)
+                size += len(encoded)
+                continue
+            if chunk.HasField("info"):
+                yield chunk
+                chunk = pb.SnapshotChunk()
+            for start in range(0, len(encoded), _CHUNK_BYTES):
+                piece = encoded[start : start + _CHUNK_BYTES]
+                yield pb.SnapshotChunk(message_piece=piece, message_complete=start + _CHUNK_BYTES >= len(encoded))
         yield chunk
 
     async def ListToolEffects(self, request: pb.ListToolEffectsRequest, context) -> pb.ListToolEffectsResponse:  # noqa: N802

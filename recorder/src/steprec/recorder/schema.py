@@ -48,6 +48,12 @@ _MIGRATIONS: dict[int, str] = {
         body VARCHAR NOT NULL,
         size_bytes INTEGER NOT NULL
     );
+    CREATE TABLE message_fragments (
+        digest BLOB NOT NULL,
+        fragment_index INTEGER NOT NULL,
+        fragment_count INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
     CREATE TABLE snapshots (
         write_seq BIGINT NOT NULL,
         run_id VARCHAR NOT NULL,

@@ -16,6 +16,7 @@ already holds durably.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import marshal
 import os
@@ -32,6 +33,7 @@ from steprec.proto import wire
 
 from .decode import (
     Malformed,
+    MessageFragmentRecord,
     Refusal,
     SnapshotRecord,
     StepEventRecord,
@@ -73,6 +75,7 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
         "trace_id": _TEXT, "span_id": _TEXT,
     },
     "messages": {"digest": pa.binary(), "body": _TEXT, "size_bytes": _INT},
+    "message_fragments": {"digest": pa.binary(), "fragment_index": _INT, "fragment_count": _INT, "data": pa.binary()},
     "snapshots": {
         "write_seq": _INT, "run_id": _TEXT, "snapshot_index": _INT, "step_index": _INT, "state": _TEXT,
         "recorded_at": _TS, "conversation_id": _TEXT, "parent_run_id": _TEXT, "agent_name": _TEXT,
@@ -92,6 +95,8 @@ class _Batch:
 
     def __init__(self) -> None:
         self.columns = {table: {name: [] for name in columns} for table, columns in _COLUMNS.items()}
+        self.assembled: list[bytes] = []
+        """Digests whose fragments became a whole message in this batch; their pieces are deleted."""
 
     def add(self, table: str, **values: object) -> None:
         for name, column in self.columns[table].items():
@@ -103,14 +108,19 @@ class _Batch:
     def encode(self) -> bytes:
         """A write-ahead log entry. `marshal` is the fastest codec for these plain values, and the
         log is the recorder's own owner-only, checksummed file, never input from outside."""
-        return marshal.dumps({t: c for t, c in self.columns.items() if next(iter(c.values()))})
+        tables = {t: c for t, c in self.columns.items() if next(iter(c.values()))}
+        return marshal.dumps((tables, self.assembled))
+
+
+def _entry_parts(entry: bytes | _Batch) -> tuple[dict[str, dict[str, list]], list[bytes]]:
+    return marshal.loads(entry) if isinstance(entry, bytes) else (entry.columns, entry.assembled)
 
 
 def _to_arrow(entries: list[bytes | _Batch]) -> dict[str, pa.Table]:
     """Merge logged entries into one Arrow table per table: the columnar batch DuckDB ingests."""
     merged: dict[str, dict[str, list]] = {}
     for entry in entries:
-        columns_by_table = marshal.loads(entry) if isinstance(entry, bytes) else entry.columns
+        columns_by_table, _ = _entry_parts(entry)
         for table, columns in columns_by_table.items():
             target = merged.setdefault(table, {name: [] for name in _COLUMNS[table]})
             for name, values in columns.items():
@@ -127,6 +137,20 @@ def _insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> N
         cursor.register("staged_rows", table)
         cursor.execute(f"INSERT INTO {name} BY NAME SELECT * FROM staged_rows")
         cursor.unregister("staged_rows")
+
+
+MAX_ASSEMBLY_BYTES = 1 << 30
+"""Unfinished large messages the recorder holds in memory at most (1 GiB)."""
+
+
+def _json_object_text(data: bytes) -> str:
+    try:
+        text = data.decode()
+        if isinstance(json.loads(text), dict):
+            return text
+    except ValueError:
+        pass
+    raise Malformed("bad_body", "a reassembled message is not a UTF-8 JSON object")
 
 
 def _snapshot_key_sequence(key: str) -> int | None:
@@ -188,6 +212,7 @@ class DuckDBStore:
         migrate(self._connection)
         self._write_lock = threading.Lock()
         self._states: dict[str, _RunState] = {}
+        self._fragments: dict[bytes, dict[int, bytes]] = {}
         self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
         self._applied = self._connection.execute("SELECT applied_seq FROM steprec_wal").fetchone()[0]
         self._wal.skip_to(self._applied)
@@ -234,10 +259,13 @@ class DuckDBStore:
 
     def _apply(self, entries: list[tuple[int, bytes | _Batch, set[bytes]]]) -> None:
         tables = _to_arrow([entry for _, entry, _ in entries])
+        assembled = [digest for _, entry, _ in entries for digest in _entry_parts(entry)[1]]
         cursor = self._connection.cursor()
         try:
             cursor.execute("BEGIN")
             _insert(cursor, tables)
+            if assembled:  # the whole message is in `messages` now; its pieces are redundant
+                cursor.execute("DELETE FROM message_fragments WHERE list_contains(?, digest)", [assembled])
             cursor.execute("UPDATE steprec_wal SET applied_seq = ?", [entries[-1][0]])
             cursor.execute("COMMIT")
         except BaseException:
@@ -320,7 +348,9 @@ class DuckDBStore:
                 touched.add(run_id)
                 state = self._state(cursor, run_id)
                 try:
-                    if isinstance(record, StepEventRecord):
+                    if isinstance(record, MessageFragmentRecord):
+                        applied = self._stage_fragment(cursor, record, batch, staged_digests)
+                    elif isinstance(record, StepEventRecord):
                         applied = self._stage_event(record, state, batch)
                     elif isinstance(record, SnapshotRecord):
                         applied = self._stage_snapshot(cursor, record, state, batch, staged_digests)
@@ -435,6 +465,44 @@ class DuckDBStore:
             error=record.error,
             metadata=list(record.metadata.items()),
         )
+        return True
+
+    def _stage_fragment(
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        record: MessageFragmentRecord,
+        batch: _Batch,
+        staged_digests: set[bytes],
+    ) -> bool:
+        """Keep a piece of a large message; when the last piece is in, store the message whole."""
+        digest = record.digest
+        if digest in staged_digests or self._stored_digests(cursor, {digest}):
+            return False
+        parts = self._fragments.get(digest)
+        if parts is None:
+            self._wait_applied(self._wal.last_sequence)  # pieces from before a restart are in the table
+            rows = cursor.execute(
+                "SELECT fragment_index, data FROM message_fragments WHERE digest = ?", [digest]
+            ).fetchall()
+            parts = self._fragments[digest] = {index: bytes(data) for index, data in rows}
+        if record.index in parts:
+            return False
+        held = sum(len(piece) for pieces in self._fragments.values() for piece in pieces.values())
+        if held + len(record.data) > MAX_ASSEMBLY_BYTES:
+            raise Malformed("too_large", f"more than {MAX_ASSEMBLY_BYTES} bytes of unfinished large messages")
+        parts[record.index] = record.data
+        batch.add("message_fragments", digest=digest, fragment_index=record.index,
+                  fragment_count=record.count, data=record.data)  # fmt: skip
+        if len(parts) < record.count:
+            return True
+        whole = b"".join(parts[i] for i in range(record.count))
+        del self._fragments[digest]
+        if hashlib.sha256(whole).digest() != digest:
+            raise Malformed("bad_body", "the fragments of a message do not add up to its digest")
+        batch.add("messages", digest=digest, body=_json_object_text(whole), size_bytes=len(whole))
+        batch.assembled.append(digest)
+        staged_digests.add(digest)
+        self._digests.add(digest)
         return True
 
     def _stage_tool_effect(self, record: ToolEffectRecord, state: _RunState, batch: _Batch) -> bool:

@@ -117,12 +117,16 @@ class ReadSnapshotRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., include_interrupted: _Optional[bool] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("info", "messages_json")
+    __slots__ = ("info", "messages_json", "message_piece", "message_complete")
     INFO_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_PIECE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     info: SnapshotInfo
     messages_json: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, info: _Optional[_Union[SnapshotInfo, _Mapping]] = ..., messages_json: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    message_piece: bytes
+    message_complete: bool
+    def __init__(self, info: _Optional[_Union[SnapshotInfo, _Mapping]] = ..., messages_json: _Optional[_Iterable[bytes]] = ..., message_piece: _Optional[bytes] = ..., message_complete: _Optional[bool] = ...) -> None: ...
 
 class SnapshotInfo(_message.Message):
     __slots__ = ("run_id", "snapshot_index", "step_index", "state", "timestamp_unix_nano", "conversation_id", "parent_run_id", "agent_name", "idempotency_key", "message_count")
