@@ -92,3 +92,19 @@ async def test_a_full_spool_drops_counted_and_loudly(tmp_path: Path, caplog: pyt
     warnings = [r for r in caplog.records if "is full" in r.getMessage()]
     assert dropped > 0 and len(warnings) == dropped
     assert sum(f.stat().st_size for f in (tmp_path / "spool").glob("spool-*.log")) <= 1 << 20
+
+
+async def test_interpreter_exit_delivers_what_is_pending(recorder: RecorderProcess, client: RecorderClient) -> None:
+    # best_effort waits for nothing, so at exit the tail of the run is still in memory.
+    child = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.agents import echo_agent
+        agent = echo_agent({recorder.endpoint!r}, calls=5, delivery="best_effort")
+        asyncio.run(agent.run("go", conversation_id="conv-exit"))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    await _assert_complete_trail(recorder.endpoint, "conv-exit", calls=5)
