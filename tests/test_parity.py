@@ -376,3 +376,15 @@ def test_every_write_is_a_durable_operation_with_serialisable_arguments() -> Non
     assert validated == arguments
     for name in ("registration_id", "append_event", "record_tool_effect"):
         assert operations[name].ctx_parameter is None  # plain values only: nothing live crosses the boundary
+
+
+async def test_max_snapshots_per_run_is_applied_by_the_recorder(recorder: RecorderProcess, client: RecorderClient) -> None:
+    import duckdb
+
+    result = await echo_agent(recorder.endpoint, calls=5, max_snapshots_per_run=2).run("go", conversation_id="conv-keep")
+    latest = await client.latest_snapshot(result.run_id)
+    assert _json(latest.messages) == _json(result.all_messages())
+    recorder.stop()
+    with duckdb.connect(str(recorder.data_dir / "steprec.duckdb"), read_only=True) as db:
+        kept = db.execute("SELECT count(*) FROM snapshots WHERE run_id = ? AND NOT pruned", [result.run_id]).fetchone()
+        assert kept[0] == 2

@@ -153,3 +153,60 @@ def test_state_survives_reopening_the_file(tmp_path: Path) -> None:
     assert [r.code for r in refusals] == ["run_id_taken"] and suppressed == 1
     assert reopened.read_snapshot("run-1", include_interrupted=False)[1] == messages
     reopened.close()
+
+
+def _keyed_snapshot(index: int, key: str, messages: list[str], state: str = "complete") -> SnapshotRecord:
+    return SnapshotRecord(_lineage(key=key, index=index), index, state, None, 0, tuple(_digest(m) for m in messages), messages)
+
+
+def test_retention_keeps_newest_n_newest_overall_and_newest_complete(tmp_path: Path) -> None:
+    store = DuckDBStore(tmp_path / "steprec.duckdb", max_snapshots_per_run=2)
+    messages = [_message(i) for i in range(6)]
+    states = ["complete", "interrupted", "interrupted", "interrupted"]
+    store.ingest([_keyed_snapshot(i, f"{i}:{i}:{s}", messages[: i + 1], s) for i, s in enumerate(states)])
+    cursor = store.cursor()
+    kept = cursor.execute("SELECT snapshot_index FROM snapshots WHERE NOT pruned ORDER BY write_seq").fetchall()
+    # Newest two are both interrupted, so the newest complete one (0) stays too.
+    assert [k for (k,) in kept] == [0, 2, 3]
+    assert store.read_snapshot("run-1", include_interrupted=False)[0]["snapshot_index"] == 0
+    assert store.read_snapshot("run-1", include_interrupted=True)[1] == messages[:4]
+    store.close()
+
+
+def test_a_run_asks_for_its_own_bound_and_pruning_touches_only_that_run(store: DuckDBStore) -> None:
+    messages = [_message(i) for i in range(5)]
+    registered = StepEventRecord(_lineage(key="0:0:run_started:"), "run_started", None, None, None, {}, "reg", 1)
+    store.ingest([registered] + [_keyed_snapshot(i, f"{i}:{i}:complete", messages[: i + 1]) for i in range(4)])
+    other = [
+        SnapshotRecord(_lineage("run-2", f"{i}:{i}:complete", i), i, "complete", None, 0, (_digest(messages[0]),), [])
+        for i in range(3)
+    ]
+    store.ingest(other)
+    counts = dict(
+        store.cursor().execute("SELECT run_id, count(*) FROM snapshots WHERE NOT pruned GROUP BY run_id").fetchall()
+    )
+    assert counts == {"run-1": 1, "run-2": 3}
+
+
+def test_the_high_water_mark_survives_pruning_and_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "steprec.duckdb"
+    messages = [_message(i) for i in range(4)]
+    store = DuckDBStore(path, max_snapshots_per_run=1)
+    # Key 2 is numbered, the newest ("x") is not: retention drops 2, yet 2 stays the high-water mark.
+    store.ingest([_keyed_snapshot(0, "1:0:complete", messages[:1]), _keyed_snapshot(1, "2:1:complete", messages[:2]),
+                  _keyed_snapshot(2, "x", messages[:3])])  # fmt: skip
+    store.close()
+    store = DuckDBStore(path, max_snapshots_per_run=1)
+    _, suppressed = store.ingest([_keyed_snapshot(3, "1:9:complete", messages[:1])])  # older than the mark
+    assert suppressed == 1
+    _, suppressed = store.ingest([_keyed_snapshot(4, "2:1:complete\nforged", messages[:2])])  # same number, other key
+    assert suppressed == 0
+    _, suppressed = store.ingest([_keyed_snapshot(5, "x", messages[:3])])  # unnumbered: only against retained ones
+    assert suppressed == 0
+    store.close()
+
+
+def test_unnumbered_keys_suppress_only_while_retained(store: DuckDBStore) -> None:
+    messages = [_message(i) for i in range(2)]
+    _, suppressed = store.ingest([_keyed_snapshot(0, "alpha", messages[:1]), _keyed_snapshot(1, "alpha", messages[:1])])
+    assert suppressed == 1

@@ -16,11 +16,23 @@ def _listen_address(value: str) -> str:
     return value
 
 
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return int(value)
+
+
 def _serve(options: argparse.Namespace) -> int:
     from .server import ServeOptions, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(ServeOptions(listen=options.listen, data_dir=options.data, fsync=options.fsync)))
+    options_ = ServeOptions(
+        listen=options.listen,
+        data_dir=options.data,
+        fsync=options.fsync,
+        max_snapshots_per_run=options.max_snapshots_per_run,
+    )
+    asyncio.run(serve(options_))
     return 0
 
 
@@ -54,6 +66,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=os.environ.get("STEPREC_FSYNC", "") == "1",
         help="fsync the write-ahead log before acknowledging, so acknowledged records also survive power loss "
         "(without it they survive any crash of the recorder process; env STEPREC_FSYNC=1)",
+    )
+    serve.add_argument(
+        "--max-snapshots-per-run",
+        type=_positive_int,
+        default=_positive_int(os.environ["STEPREC_MAX_SNAPSHOTS_PER_RUN"])
+        if os.environ.get("STEPREC_MAX_SNAPSHOTS_PER_RUN")
+        else None,
+        metavar="N",
+        help="keep at most N snapshots per run (plus the newest and the newest complete) unless the run asks "
+        "for its own bound; default: keep all (env STEPREC_MAX_SNAPSHOTS_PER_RUN)",
     )
     serve.set_defaults(run=_serve)
 

@@ -70,7 +70,8 @@ _MIGRATIONS: dict[int, str] = {
         refs BLOB NOT NULL,
         message_count INTEGER NOT NULL,
         trace_id VARCHAR,
-        span_id VARCHAR
+        span_id VARCHAR,
+        pruned BOOLEAN NOT NULL DEFAULT false
     );
     CREATE TABLE tool_effects (
         write_seq BIGINT NOT NULL,

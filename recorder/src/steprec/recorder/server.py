@@ -28,6 +28,7 @@ class ServeOptions:
     listen: str = "127.0.0.1:4317"
     data_dir: Path = Path("steprec-data")
     fsync: bool = False
+    max_snapshots_per_run: int | None = None
 
 
 class Recorder:
@@ -35,7 +36,9 @@ class Recorder:
 
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        self.store = DuckDBStore(options.data_dir / DATABASE_NAME, fsync=options.fsync)
+        self.store = DuckDBStore(
+            options.data_dir / DATABASE_NAME, fsync=options.fsync, max_snapshots_per_run=options.max_snapshots_per_run
+        )
         self._server = grpc.aio.server()
         self._server.add_generic_rpc_handlers((LogsIngest(self.store).handler(),))
         query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(self.store), self._server)

@@ -97,30 +97,32 @@ class _Batch:
         self.columns = {table: {name: [] for name in columns} for table, columns in _COLUMNS.items()}
         self.assembled: list[bytes] = []
         """Digests whose fragments became a whole message in this batch; their pieces are deleted."""
+        self.pruned: list[int] = []
+        """`write_seq`s of snapshots retention dropped: their references are cleared, their keys kept."""
 
     def add(self, table: str, **values: object) -> None:
         for name, column in self.columns[table].items():
             column.append(values.get(name))
 
     def __bool__(self) -> bool:
-        return any(next(iter(columns.values())) for columns in self.columns.values())
+        return bool(self.pruned) or any(next(iter(columns.values())) for columns in self.columns.values())
 
     def encode(self) -> bytes:
         """A write-ahead log entry. `marshal` is the fastest codec for these plain values, and the
         log is the recorder's own owner-only, checksummed file, never input from outside."""
         tables = {t: c for t, c in self.columns.items() if next(iter(c.values()))}
-        return marshal.dumps((tables, self.assembled))
+        return marshal.dumps((tables, self.assembled, self.pruned))
 
 
-def _entry_parts(entry: bytes | _Batch) -> tuple[dict[str, dict[str, list]], list[bytes]]:
-    return marshal.loads(entry) if isinstance(entry, bytes) else (entry.columns, entry.assembled)
+def _entry_parts(entry: bytes | _Batch) -> tuple[dict[str, dict[str, list]], list[bytes], list[int]]:
+    return marshal.loads(entry) if isinstance(entry, bytes) else (entry.columns, entry.assembled, entry.pruned)
 
 
 def _to_arrow(entries: list[bytes | _Batch]) -> dict[str, pa.Table]:
     """Merge logged entries into one Arrow table per table: the columnar batch DuckDB ingests."""
     merged: dict[str, dict[str, list]] = {}
     for entry in entries:
-        columns_by_table, _ = _entry_parts(entry)
+        columns_by_table, _, _ = _entry_parts(entry)
         for table, columns in columns_by_table.items():
             target = merged.setdefault(table, {name: [] for name in _COLUMNS[table]})
             for name, values in columns.items():
@@ -170,9 +172,11 @@ class _RunState:
     """What ingest must know about a run to accept, suppress or refuse its next record."""
 
     registration_id: str | None = None
+    max_snapshots: int | None = None
     event_keys: set[str] = field(default_factory=set)
     effect_keys: set[str] = field(default_factory=set)
-    snapshot_keys: set[str] = field(default_factory=set)
+    retained: list[tuple[int, str, str | None]] = field(default_factory=list)
+    """`(write_seq, state, key)` of the run's retained snapshots, oldest first."""
     high_water: int | None = None
     high_water_keys: set[str] = field(default_factory=set)
     last_index: int | None = None
@@ -181,15 +185,18 @@ class _RunState:
     known_digests: set[bytes] = field(default_factory=set)
 
     def seen_snapshot_key(self, key: str) -> bool:
-        """The reference stores' rule: an `<int>:` key at or below the high-water mark, or any retained key."""
+        """The reference stores' rule: an `<int>:` key at or below the high-water mark, or any retained key.
+
+        The mark counts pruned snapshots too, so pruning never lets an old replay back in; other
+        keys suppress only while a snapshot carrying them is retained.
+        """
         sequence = _snapshot_key_sequence(key)
         if sequence is not None and self.high_water is not None:
             if sequence < self.high_water or (sequence == self.high_water and key in self.high_water_keys):
                 return True
-        return key in self.snapshot_keys
+        return any(retained_key == key for _, _, retained_key in self.retained)
 
     def note_snapshot_key(self, key: str) -> None:
-        self.snapshot_keys.add(key)
         sequence = _snapshot_key_sequence(key)
         if sequence is None:
             return
@@ -199,10 +206,23 @@ class _RunState:
             self.high_water_keys.add(key)
 
 
+def retained_snapshots(snapshots: list[tuple[int, str, str | None]], keep: int) -> set[int]:
+    """The reference's retention rule: the newest `keep`, plus the newest overall and the newest complete.
+
+    The last two keep both read modes served even when the newest `keep` are all interrupted.
+    """
+    retained = {seq for seq, _, _ in snapshots[-keep:]}
+    retained.add(snapshots[-1][0])
+    complete = [seq for seq, state, _ in snapshots if state == "complete"]
+    if complete:
+        retained.add(complete[-1])
+    return retained
+
+
 class DuckDBStore:
     """A steprec database in one DuckDB file."""
 
-    def __init__(self, path: Path, *, fsync: bool = False) -> None:
+    def __init__(self, path: Path, *, fsync: bool = False, max_snapshots_per_run: int | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         new = not path.exists()
         self.path = path
@@ -212,6 +232,7 @@ class DuckDBStore:
         migrate(self._connection)
         self._write_lock = threading.Lock()
         self._states: dict[str, _RunState] = {}
+        self._default_max_snapshots = max_snapshots_per_run
         self._fragments: dict[bytes, dict[int, bytes]] = {}
         self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
         self._applied = self._connection.execute("SELECT applied_seq FROM steprec_wal").fetchone()[0]
@@ -260,12 +281,17 @@ class DuckDBStore:
     def _apply(self, entries: list[tuple[int, bytes | _Batch, set[bytes]]]) -> None:
         tables = _to_arrow([entry for _, entry, _ in entries])
         assembled = [digest for _, entry, _ in entries for digest in _entry_parts(entry)[1]]
+        pruned = [seq for _, entry, _ in entries for seq in _entry_parts(entry)[2]]
         cursor = self._connection.cursor()
         try:
             cursor.execute("BEGIN")
             _insert(cursor, tables)
             if assembled:  # the whole message is in `messages` now; its pieces are redundant
                 cursor.execute("DELETE FROM message_fragments WHERE list_contains(?, digest)", [assembled])
+            if pruned:
+                cursor.execute(
+                    "UPDATE snapshots SET pruned = true, refs = ''::BLOB WHERE list_contains(?, write_seq)", [pruned]
+                )
             cursor.execute("UPDATE steprec_wal SET applied_seq = ?", [entries[-1][0]])
             cursor.execute("COMMIT")
         except BaseException:
@@ -384,8 +410,10 @@ class DuckDBStore:
         if (state := self._states.get(run_id)) is not None:
             return state
         state = _RunState()
-        row = cursor.execute("SELECT registration_id FROM runs WHERE run_id = ? LIMIT 1", [run_id]).fetchone()
-        state.registration_id = row[0] if row else None
+        row = cursor.execute(
+            "SELECT registration_id, max_snapshots FROM runs WHERE run_id = ? LIMIT 1", [run_id]
+        ).fetchone()
+        state.registration_id, state.max_snapshots = row if row else (None, self._default_max_snapshots)
         state.event_keys = {
             k for (k,) in cursor.execute(
                 "SELECT idempotency_key FROM events WHERE run_id = ? AND idempotency_key IS NOT NULL", [run_id]
@@ -396,19 +424,22 @@ class DuckDBStore:
                 "SELECT record_key FROM tool_effects WHERE run_id = ? AND record_key IS NOT NULL", [run_id]
             ).fetchall()
         }  # fmt: skip
-        snapshots = cursor.execute(
-            "SELECT idempotency_key, snapshot_index, base_index FROM snapshots WHERE run_id = ? ORDER BY write_seq",
+        rows = cursor.execute(
+            "SELECT idempotency_key, snapshot_index, base_index, write_seq, state, pruned FROM snapshots"
+            " WHERE run_id = ? ORDER BY write_seq",
             [run_id],
         ).fetchall()
-        for key, _, _ in snapshots:
+        for key, *_ in rows:
             if key is not None:
                 state.note_snapshot_key(key)
+        snapshots = [row for row in rows if not row[5]]
+        state.retained = [(seq, snapshot_state, key) for key, _, _, seq, snapshot_state, _ in snapshots]
         if snapshots:
             state.last_index = snapshots[-1][1]
             state.last_refs = self._refs_of(cursor, run_id, state.last_index)
             state.known_digests = set(state.last_refs)
             depth = 0
-            for _, _, base in reversed(snapshots):
+            for _, _, base, *_ in reversed(snapshots):
                 if base is None:
                     break
                 depth += 1
@@ -441,6 +472,8 @@ class DuckDBStore:
                 )
             if state.registration_id is None:
                 state.registration_id = record.registration_id
+                if record.max_snapshots is not None:
+                    state.max_snapshots = record.max_snapshots
                 batch.add(
                     "runs",
                     **self._lineage_columns(record),
@@ -569,11 +602,13 @@ class DuckDBStore:
                 batch.add("messages", digest=digest, body=text, size_bytes=size)
                 staged_digests.add(digest)
                 self._digests.add(digest)
-        store_full = record.base_index is None or state.chain_depth + 1 >= FULL_REFS_EVERY
+        # A run under retention stores whole reference lists: pruning then never breaks a chain.
+        store_full = record.base_index is None or state.chain_depth + 1 >= FULL_REFS_EVERY or bool(state.max_snapshots)
+        write_seq = self._seq()
         batch.add(
             "snapshots",
             **self._lineage_columns(record),
-            write_seq=self._seq(),
+            write_seq=write_seq,
             snapshot_index=record.snapshot_index,
             state=record.state,
             base_index=None if store_full else record.base_index,
@@ -583,6 +618,11 @@ class DuckDBStore:
         )
         if key is not None:
             state.note_snapshot_key(key)
+        state.retained.append((write_seq, record.state, key))
+        if state.max_snapshots and len(state.retained) > state.max_snapshots:
+            keep = retained_snapshots(state.retained, state.max_snapshots)
+            batch.pruned.extend(seq for seq, _, _ in state.retained if seq not in keep)
+            state.retained = [entry for entry in state.retained if entry[0] in keep]
         state.known_digests.update(refs)
         state.last_index, state.last_refs = record.snapshot_index, refs
         state.chain_depth = 0 if store_full else state.chain_depth + 1
@@ -612,7 +652,7 @@ class DuckDBStore:
         """The full reference list of one snapshot, rebuilt from its delta chain."""
         rows = cursor.execute(
             "SELECT snapshot_index, base_index, keep, refs FROM snapshots"
-            " WHERE run_id = ? AND snapshot_index <= ? ORDER BY write_seq",
+            " WHERE run_id = ? AND snapshot_index <= ? AND NOT pruned ORDER BY write_seq",
             [run_id, snapshot_index],
         ).fetchall()
         by_index = {index: (base, keep, bytes(refs)) for index, base, keep, refs in rows}
@@ -630,7 +670,7 @@ class DuckDBStore:
         """The newest snapshot (by write order) and its messages' JSON, or None."""
         cursor = self.cursor()
         try:
-            state_filter = "" if include_interrupted else " AND state = 'complete'"
+            state_filter = " AND NOT pruned" + ("" if include_interrupted else " AND state = 'complete'")
             infos = _dicts(
                 cursor.execute(
                     "SELECT run_id, snapshot_index, step_index, state, epoch_ns(recorded_at) AS at_ns, conversation_id,"
