@@ -112,6 +112,9 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     spool_max_bytes: int = 256 << 20
     """Bound of the spool; past it records are dropped, counted and logged."""
 
+    token: str | None = field(default_factory=lambda: os.environ.get("STEPREC_TOKEN") or None, repr=False)
+    """Bearer token for a recorder started with one (`STEPREC_TOKEN` sets the default). Never printed."""
+
     _pipeline: RecorderPipeline | None = field(default=None, init=False, repr=False)
     _scope: _records.RunScope | None = field(default=None, init=False, repr=False)
     _event_sequence: int = field(default=0, init=False, repr=False)
@@ -184,6 +187,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
                 timeout_seconds=float(self.timeout_seconds),
                 spool_dir=self.spool_dir or default_spool_dir(self.endpoint),
                 spool_max_bytes=self.spool_max_bytes,
+                token=self.token,
             )
         )
         run._scope = _records.RunScope(run_id, ctx.conversation_id, parent, agent_name, self.metadata)

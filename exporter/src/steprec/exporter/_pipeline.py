@@ -12,7 +12,7 @@ import atexit
 import os
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -50,6 +50,7 @@ class DeliveryOptions:
     timeout_seconds: float
     spool_dir: Path
     spool_max_bytes: int
+    token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,10 @@ def pipeline_for(options: DeliveryOptions) -> RecorderPipeline:
     with _lock:
         if (pipeline := _pipelines.get(options)) is None:
             exporter = AcknowledgedLogExporter(
-                endpoint=options.endpoint, insecure=True, timeout=options.timeout_seconds
+                endpoint=options.endpoint,
+                insecure=True,
+                timeout=options.timeout_seconds,
+                headers={"authorization": f"Bearer {options.token}"} if options.token else None,
             )
             spool = Spool(options.spool_dir, max_bytes=options.spool_max_bytes)
             delivery = OrderedDeliveryProcessor(exporter, spool)

@@ -78,9 +78,11 @@ class RecorderClient:
     cannot be reached, `ValueError` for an argument the recorder refused.
     """
 
-    def __init__(self, endpoint: str | None = None, *, timeout_seconds: float = 10.0) -> None:
+    def __init__(self, endpoint: str | None = None, *, timeout_seconds: float = 10.0, token: str | None = None) -> None:
         self.endpoint = endpoint or os.environ.get("STEPREC_ENDPOINT", DEFAULT_ENDPOINT)
         self.timeout = timeout_seconds
+        token = token or os.environ.get("STEPREC_TOKEN") or None
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._channel = grpc.aio.insecure_channel(self.endpoint.removeprefix("http://"))
         self._stub = query_pb2_grpc.RecorderQueryStub(self._channel)
 
@@ -95,7 +97,7 @@ class RecorderClient:
 
     async def _call(self, method, request):
         try:
-            return await method(request, timeout=self.timeout)
+            return await method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as error:
             raise _translate(error, self.endpoint) from None
 
@@ -127,7 +129,7 @@ class RecorderClient:
         request = pb.ReadSnapshotRequest(run_id=run_id, include_interrupted=include_interrupted)
         info, messages, piece = None, [], bytearray()
         try:
-            async for chunk in self._stub.ReadSnapshot(request, timeout=self.timeout):
+            async for chunk in self._stub.ReadSnapshot(request, timeout=self.timeout, metadata=self._metadata):
                 if chunk.HasField("info"):
                     info = chunk.info
                 if chunk.message_piece:  # a message larger than one chunk, in order
@@ -174,4 +176,6 @@ def _translate(error: grpc.aio.AioRpcError, endpoint: str) -> Exception:
         return LookupError(error.details())
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return ValueError(error.details())
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return PermissionError(f"recorder at {endpoint} refused the call: {error.details()}")
     return RuntimeError(f"recorder at {endpoint} answered {code.name}: {error.details()}")

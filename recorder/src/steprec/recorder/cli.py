@@ -22,6 +22,16 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
+def _read_token(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except OSError as error:
+        raise SystemExit(f"steprec serve: cannot read the token file {path}: {error.strerror}") from None
+    if not token:
+        raise SystemExit(f"steprec serve: the token file {path} is empty")
+    return token
+
+
 def _serve(options: argparse.Namespace) -> int:
     from .server import ServeOptions, serve
 
@@ -31,6 +41,7 @@ def _serve(options: argparse.Namespace) -> int:
         data_dir=options.data,
         fsync=options.fsync,
         max_snapshots_per_run=options.max_snapshots_per_run,
+        token=_read_token(options.token_file) if options.token_file else os.environ.get("STEPREC_TOKEN") or None,
     )
     asyncio.run(serve(options_))
     return 0
@@ -76,6 +87,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="N",
         help="keep at most N snapshots per run (plus the newest and the newest complete) unless the run asks "
         "for its own bound; default: keep all (env STEPREC_MAX_SNAPSHOTS_PER_RUN)",
+    )
+    serve.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="require 'authorization: Bearer <token>' on every call but health checks; the token is the "
+        "file's content (or set STEPREC_TOKEN)",
     )
     serve.set_defaults(run=_serve)
 

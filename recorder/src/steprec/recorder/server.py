@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from steprec.proto.query.v1 import query_pb2_grpc
 
+from .auth import TokenAuth
 from .ingest import LogsIngest
 from .query_service import RecorderQuery
 from .store import DuckDBStore
@@ -29,6 +30,8 @@ class ServeOptions:
     data_dir: Path = Path("steprec-data")
     fsync: bool = False
     max_snapshots_per_run: int | None = None
+    token: str | None = field(default=None, repr=False)
+    """Required bearer token for every call but health checks (never printed)."""
 
 
 class Recorder:
@@ -39,7 +42,8 @@ class Recorder:
         self.store = DuckDBStore(
             options.data_dir / DATABASE_NAME, fsync=options.fsync, max_snapshots_per_run=options.max_snapshots_per_run
         )
-        self._server = grpc.aio.server()
+        interceptors = [TokenAuth(options.token)] if options.token else []
+        self._server = grpc.aio.server(interceptors=interceptors)
         self._server.add_generic_rpc_handlers((LogsIngest(self.store).handler(),))
         query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(self.store), self._server)
         self._health = health.aio.HealthServicer()
