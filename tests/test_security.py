@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -11,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 
 from steprec.exporter import shutdown_pipelines
-from steprec.query import RecorderClient
+from steprec.query import RecorderClient, RecorderUnavailable
 from steprec.recorder.process import RecorderProcess
 
 from .agents import echo_agent
@@ -68,3 +69,65 @@ async def test_an_agent_without_the_token_is_not_stored_and_not_held_up(guarded,
     assert result.output == "saw 1 returns"  # refused delivery spools; the agent is not failed
     async with RecorderClient(recorder.endpoint, token=token) as client:
         assert await client.list_runs(conversation_id="c") == []
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl."""
+    folder = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=steprec test CA",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=folder)  # fmt: skip
+    for name, extension in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+                 "-out", f"{name}.csr", cwd=folder)  # fmt: skip
+        (folder / f"{name}.ext").write_text(extension + "\n")
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=folder)  # fmt: skip
+    return folder
+
+
+def _tls_recorder(tmp_path: Path, pki: Path, *, mutual: bool) -> RecorderProcess:
+    args = ("--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"))
+    if mutual:
+        args += ("--tls-client-ca", str(pki / "ca.pem"))
+    return RecorderProcess(tmp_path / "recorder", extra_args=args).start()
+
+
+async def test_tls_records_and_reads_over_an_encrypted_channel(tmp_path: Path, certificates: Path) -> None:
+    recorder = _tls_recorder(tmp_path, certificates, mutual=False)
+    try:
+        assert recorder.endpoint.startswith("https://127.0.0.1:")
+        agent = echo_agent(recorder.endpoint, calls=1, tls_ca=certificates / "ca.pem", spool_dir=tmp_path / "spool")
+        await agent.run("go", conversation_id="conv-tls")
+        async with RecorderClient(recorder.endpoint, tls_ca=certificates / "ca.pem") as client:
+            (run,) = await client.list_runs(conversation_id="conv-tls")
+            assert run.outcome == "completed"
+        plain = recorder.endpoint.replace("https://", "")
+        async with RecorderClient(plain, timeout_seconds=2) as plaintext:
+            with pytest.raises(RecorderUnavailable):
+                await plaintext.list_runs()
+    finally:
+        shutdown_pipelines()
+        recorder.stop()
+
+
+async def test_mutual_tls_refuses_a_client_without_a_certificate(tmp_path: Path, certificates: Path) -> None:
+    recorder = _tls_recorder(tmp_path, certificates, mutual=True)
+    ca, cert, key = (certificates / n for n in ("ca.pem", "client.pem", "client.key"))
+    try:
+        async with RecorderClient(recorder.endpoint, tls_ca=ca, timeout_seconds=2) as anonymous:
+            with pytest.raises(RecorderUnavailable):
+                await anonymous.list_runs()
+        async with RecorderClient(recorder.endpoint, tls_ca=ca, tls_cert=cert, tls_key=key) as client:
+            assert await client.list_runs() == []
+        agent = echo_agent(recorder.endpoint, calls=1, tls_ca=ca, tls_cert=cert, tls_key=key, spool_dir=tmp_path / "s")
+        await agent.run("go", conversation_id="conv-mtls")
+        async with RecorderClient(recorder.endpoint, tls_ca=ca, tls_cert=cert, tls_key=key) as client:
+            assert len(await client.list_runs(conversation_id="conv-mtls")) == 1
+    finally:
+        shutdown_pipelines()
+        recorder.stop()

@@ -22,6 +22,7 @@ from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
 from steprec.proto import wire
+from steprec.proto.tls import ClientTLS
 
 from . import _records
 from ._context import active_recording, live_history
@@ -115,6 +116,14 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     token: str | None = field(default_factory=lambda: os.environ.get("STEPREC_TOKEN") or None, repr=False)
     """Bearer token for a recorder started with one (`STEPREC_TOKEN` sets the default). Never printed."""
 
+    tls_ca: Path | None = None
+    """PEM CA to verify the recorder's certificate (an `https://` endpoint without it uses system roots)."""
+
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    """Client certificate and key, for a recorder that requires mutual TLS."""
+
+    _tls: ClientTLS = field(default_factory=ClientTLS, init=False, repr=False)
     _pipeline: RecorderPipeline | None = field(default=None, init=False, repr=False)
     _scope: _records.RunScope | None = field(default=None, init=False, repr=False)
     _event_sequence: int = field(default=0, init=False, repr=False)
@@ -142,6 +151,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             raise ValueError(f"spool_max_bytes must be an integer of at least 1 MiB, got {self.spool_max_bytes!r}")
         if self.spool_dir is not None:
             self.spool_dir = Path(self.spool_dir)
+        self._tls = ClientTLS(self.tls_ca, self.tls_cert, self.tls_key)
         if self.delivery not in ("acknowledged", "best_effort"):
             raise ValueError(f"delivery must be 'acknowledged' or 'best_effort', got {self.delivery!r}")
 
@@ -188,6 +198,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
                 spool_dir=self.spool_dir or default_spool_dir(self.endpoint),
                 spool_max_bytes=self.spool_max_bytes,
                 token=self.token,
+                tls=self._tls,
             )
         )
         run._scope = _records.RunScope(run_id, ctx.conversation_id, parent, agent_name, self.metadata)

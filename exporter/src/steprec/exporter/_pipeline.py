@@ -21,6 +21,7 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.resources import Resource
 
 from steprec.proto import wire
+from steprec.proto.tls import ClientTLS
 
 from ._acknowledged_export import AcknowledgedLogExporter
 from ._delivery import OrderedDeliveryProcessor
@@ -51,6 +52,7 @@ class DeliveryOptions:
     spool_dir: Path
     spool_max_bytes: int
     token: str | None = field(default=None, repr=False)
+    tls: ClientTLS = ClientTLS()
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,11 @@ def pipeline_for(options: DeliveryOptions) -> RecorderPipeline:
     """The shared pipeline for these options, created on first use (adopting orphaned spool segments)."""
     with _lock:
         if (pipeline := _pipelines.get(options)) is None:
+            secure = options.endpoint.startswith("https://") or options.tls.configured
             exporter = AcknowledgedLogExporter(
                 endpoint=options.endpoint,
-                insecure=True,
+                insecure=not secure,
+                credentials=options.tls.credentials() if options.tls.configured else None,
                 timeout=options.timeout_seconds,
                 headers={"authorization": f"Bearer {options.token}"} if options.token else None,
             )

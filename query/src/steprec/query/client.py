@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from types import TracebackType
 
 import grpc
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
 from steprec.proto.query.v1 import query_pb2 as pb
+from steprec.proto.tls import ClientTLS
 from steprec.proto.query.v1 import query_pb2_grpc
 
 from .types import RunRecord, Snapshot, StepEvent, ToolEffectRecord, from_unix_nano
@@ -78,12 +80,26 @@ class RecorderClient:
     cannot be reached, `ValueError` for an argument the recorder refused.
     """
 
-    def __init__(self, endpoint: str | None = None, *, timeout_seconds: float = 10.0, token: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        timeout_seconds: float = 10.0,
+        token: str | None = None,
+        tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+    ) -> None:
         self.endpoint = endpoint or os.environ.get("STEPREC_ENDPOINT", DEFAULT_ENDPOINT)
         self.timeout = timeout_seconds
         token = token or os.environ.get("STEPREC_TOKEN") or None
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self._channel = grpc.aio.insecure_channel(self.endpoint.removeprefix("http://"))
+        tls = ClientTLS(tls_ca, tls_cert, tls_key)
+        address = self.endpoint.removeprefix("http://").removeprefix("https://")
+        if tls.configured or self.endpoint.startswith("https://"):
+            self._channel = grpc.aio.secure_channel(address, tls.credentials())
+        else:
+            self._channel = grpc.aio.insecure_channel(address)
         self._stub = query_pb2_grpc.RecorderQueryStub(self._channel)
 
     async def __aenter__(self) -> RecorderClient:

@@ -22,6 +22,13 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
+def _readable_file(value: str) -> Path:
+    path = Path(value)
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a readable file")
+    return path
+
+
 def _read_token(path: Path) -> str:
     try:
         token = path.read_text().strip()
@@ -42,6 +49,9 @@ def _serve(options: argparse.Namespace) -> int:
         fsync=options.fsync,
         max_snapshots_per_run=options.max_snapshots_per_run,
         token=_read_token(options.token_file) if options.token_file else os.environ.get("STEPREC_TOKEN") or None,
+        tls_cert=options.tls_cert,
+        tls_key=options.tls_key,
+        tls_client_ca=options.tls_client_ca,
     )
     asyncio.run(serve(options_))
     return 0
@@ -96,6 +106,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="require 'authorization: Bearer <token>' on every call but health checks; the token is the "
         "file's content (or set STEPREC_TOKEN)",
     )
+    for flag, what in (
+        ("--tls-cert", "PEM certificate chain to serve TLS with (with --tls-key)"),
+        ("--tls-key", "PEM private key of --tls-cert"),
+        ("--tls-client-ca", "PEM CA that client certificates must be signed by: mutual TLS"),
+    ):
+        serve.add_argument(flag, type=_readable_file, default=None, metavar="PATH", help=what)
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser(

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+_LISTENING = re.compile(r"listening on (?:(https?)://)?(\S+):(\d+)")
 
 
 class RecorderProcess:
@@ -38,7 +38,8 @@ class RecorderProcess:
             if not line:
                 break
             if match := _LISTENING.search(line):
-                self.endpoint = f"{match[1]}:{match[2]}"
+                scheme = "https://" if match[1] == "https" else ""
+                self.endpoint = f"{scheme}{match[2]}:{match[3]}"
                 return self
         self.kill()
         raise RuntimeError(f"the recorder did not start; see {self.log_path}:\n{self.log_path.read_text()[-2000:]}")

@@ -32,6 +32,23 @@ class ServeOptions:
     max_snapshots_per_run: int | None = None
     token: str | None = field(default=None, repr=False)
     """Required bearer token for every call but health checks (never printed)."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    """With a client CA, clients must present a certificate it signed (mutual TLS)."""
+
+    def credentials(self) -> grpc.ServerCredentials | None:
+        if self.tls_cert is None and self.tls_key is None:
+            if self.tls_client_ca is not None:
+                raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+            return None
+        if self.tls_cert is None or self.tls_key is None:
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        return grpc.ssl_server_credentials(
+            [(self.tls_key.read_bytes(), self.tls_cert.read_bytes())],
+            root_certificates=self.tls_client_ca.read_bytes() if self.tls_client_ca else None,
+            require_client_auth=self.tls_client_ca is not None,
+        )
 
 
 class Recorder:
@@ -48,7 +65,11 @@ class Recorder:
         query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(self.store), self._server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        self.port = self._server.add_insecure_port(options.listen)
+        credentials = options.credentials()
+        if credentials is None:
+            self.port = self._server.add_insecure_port(options.listen)
+        else:
+            self.port = self._server.add_secure_port(options.listen, credentials)
         if self.port == 0:
             raise OSError(f"could not listen on {options.listen}")
 
@@ -70,7 +91,8 @@ async def serve(options: ServeOptions) -> None:
     recorder = Recorder(options)
     await recorder.start()
     host = options.listen.rsplit(":", 1)[0]
-    print(f"steprec recorder listening on {host}:{recorder.port} (data: {options.data_dir})", flush=True)
+    scheme = "https" if options.tls_cert else "http"
+    print(f"steprec recorder listening on {scheme}://{host}:{recorder.port} (data: {options.data_dir})", flush=True)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
