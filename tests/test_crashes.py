@@ -62,20 +62,20 @@ async def test_killed_inside_a_tool(recorder: RecorderProcess, client: RecorderC
 
 
 async def test_recorder_killed_and_restarted_during_a_run(tmp_path: Path) -> None:
-    recorder = RecorderProcess(tmp_path / "recorder").start()
-    endpoint = recorder.endpoint
-    agent = echo_agent(endpoint, calls=40, padding=2000, delay=0.02)
-    run_task = asyncio.create_task(agent.run("go", conversation_id="conv-recorder-crash"))
-    for _ in range(2):
-        await asyncio.sleep(0.15)
-        assert not run_task.done(), "the run must still be going when the recorder dies"
-        recorder.kill()  # SIGKILL: no drain, no clean shutdown
-        await asyncio.sleep(0.2)
-        recorder = RecorderProcess(tmp_path / "recorder", listen=endpoint).start()
-    result = await run_task
-    assert result.output == "saw 40 returns"
-    shutdown_pipelines()  # drains whatever was spooled while the recorder was down
+    recorders = [RecorderProcess(tmp_path / "recorder").start()]
+    endpoint = recorders[0].endpoint
     try:
+        agent = echo_agent(endpoint, calls=40, padding=2000, delay=0.02)
+        run_task = asyncio.create_task(agent.run("go", conversation_id="conv-recorder-crash"))
+        for _ in range(2):
+            await asyncio.sleep(0.15)
+            assert not run_task.done(), "the run must still be going when the recorder dies"
+            recorders[-1].kill()  # SIGKILL: no drain, no clean shutdown
+            await asyncio.sleep(0.2)
+            recorders.append(RecorderProcess(tmp_path / "recorder", listen=endpoint).start())
+        result = await run_task
+        assert result.output == "saw 40 returns"
+        shutdown_pipelines()  # drains whatever was spooled while the recorder was down
         async with RecorderClient(endpoint) as client:
             (run,) = await client.list_runs(conversation_id="conv-recorder-crash")
             events = await client.list_events(run.run_id)
@@ -90,4 +90,5 @@ async def test_recorder_killed_and_restarted_during_a_run(tmp_path: Path) -> Non
             snapshot = await client.latest_snapshot(run.run_id)
             assert len(snapshot.messages) == len(result.all_messages())
     finally:
-        recorder.stop()
+        for recorder in recorders:
+            recorder.kill()
