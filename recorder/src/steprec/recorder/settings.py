@@ -1,0 +1,124 @@
+"""`steprec serve` settings: each one a flag, an environment variable and a config-file key.
+
+A flag wins over the environment, the environment over the config file
+(`--config steprec.toml`), the config file over the default. Every value from
+any source goes through the same parser, so a bad one is refused with the
+same message wherever it came from; an unknown config key is an error, never
+ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def listen_address(value: str) -> str:
+    host, separator, port = value.rpartition(":")
+    if not separator or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT (port 0-65535; 0 picks a free one)")
+    return value
+
+
+def positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{value!r} is not a positive integer")
+    return int(value)
+
+
+def readable_file(value: str) -> Path:
+    path = Path(value)
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise ValueError(f"{value!r} is not a readable file")
+    return path
+
+
+def boolean(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{value!r} is not a boolean (true/false, 1/0, yes/no)")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "STEPREC_" + self.name.upper()
+
+
+SETTINGS = (
+    Setting("listen", listen_address, "127.0.0.1:4317", "HOST:PORT for OTLP ingest and queries; loopback by default"),
+    Setting("data", Path, Path("steprec-data"), "folder holding the DuckDB file and the write-ahead log"),
+    Setting("fsync", boolean, False, "fsync the write-ahead log before acknowledging, so acknowledged records "
+            "survive power loss too (without it they survive any crash of the recorder process)"),
+    Setting("max_snapshots_per_run", positive_int, None, "keep at most N snapshots per run (plus the newest and "
+            "the newest complete) unless the run asks for its own bound; none keeps all"),
+    Setting("token_file", readable_file, None, "require 'authorization: Bearer <token>' on every call but health "
+            "checks; the token is the file's content (STEPREC_TOKEN may hold the token itself)"),
+    Setting("tls_cert", readable_file, None, "PEM certificate chain to serve TLS with (with --tls-key)"),
+    Setting("tls_key", readable_file, None, "PEM private key of --tls-cert"),
+    Setting("tls_client_ca", readable_file, None, "PEM CA that client certificates must be signed by: mutual TLS"),
+)  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None, metavar="PATH",
+                        help="TOML file with any of the settings below, by their underscore names")  # fmt: skip
+    for setting in SETTINGS:
+        shown = "none" if setting.default is None else setting.default
+        help_text = f"{setting.help} (env {setting.env}; default {shown})"
+        if setting.parse is boolean:
+            parser.add_argument(setting.flag, action="store_const", const=True, default=None, help=help_text)
+        else:
+            parser.add_argument(setting.flag, default=None, metavar=setting.name.upper(), help=help_text)
+
+
+def resolve(options: argparse.Namespace, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every setting's value, from flag, environment, config file or default; ValueError names the culprit."""
+    environ = os.environ if environ is None else environ
+    config = _load_config(options.config) if options.config else {}
+    values = {}
+    for setting in SETTINGS:
+        raw, source = getattr(options, setting.name), setting.flag
+        if raw is None and setting.env in environ:
+            raw, source = environ[setting.env], setting.env
+        if raw is None and setting.name in config:
+            raw, source = config[setting.name], f"{options.config}: {setting.name}"
+        if raw is None:
+            values[setting.name] = setting.default
+            continue
+        try:
+            values[setting.name] = raw if isinstance(raw, bool) else setting.parse(str(raw))
+        except ValueError as error:
+            raise ValueError(f"{source}: {error}") from None
+    return values
+
+
+def _load_config(path: Path) -> dict[str, Any]:
+    try:
+        config = tomllib.loads(path.read_text())
+    except OSError as error:
+        raise ValueError(f"cannot read the config file {path}: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"the config file {path} is not valid TOML: {error}") from None
+    known = {setting.name for setting in SETTINGS}
+    if unknown := sorted(set(config) - known):
+        raise ValueError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return config

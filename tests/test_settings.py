@@ -1,0 +1,57 @@
+"""`steprec serve` settings: flag over environment over config file over default, bad values refused clearly."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from steprec.recorder.settings import add_arguments, resolve
+
+
+def _resolve(args: list[str], environ: dict[str, str] | None = None) -> dict:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return resolve(parser.parse_args(args), environ or {})
+
+
+def test_precedence_is_flag_then_environment_then_config_then_default(tmp_path: Path) -> None:
+    config = tmp_path / "steprec.toml"
+    config.write_text('listen = "127.0.0.1:5000"\nmax_snapshots_per_run = 7\nfsync = true\n')
+    settings = _resolve(["--config", str(config)], {"STEPREC_MAX_SNAPSHOTS_PER_RUN": "3"})
+    assert (settings["listen"], settings["max_snapshots_per_run"], settings["fsync"]) == ("127.0.0.1:5000", 3, True)
+    settings = _resolve(["--config", str(config), "--listen", "127.0.0.1:6000"], {"STEPREC_LISTEN": "127.0.0.1:7000"})
+    assert settings["listen"] == "127.0.0.1:6000"
+    assert _resolve([])["listen"] == "127.0.0.1:4317" and _resolve([])["data"] == Path("steprec-data")
+
+
+@pytest.mark.parametrize(
+    ("args", "environ", "config", "message"),
+    [
+        (["--listen", "nowhere"], {}, None, "--listen: 'nowhere' is not HOST:PORT"),
+        ([], {"STEPREC_MAX_SNAPSHOTS_PER_RUN": "0"}, None, "STEPREC_MAX_SNAPSHOTS_PER_RUN: '0' is not a positive"),
+        ([], {"STEPREC_FSYNC": "maybe"}, None, "STEPREC_FSYNC: 'maybe' is not a boolean"),
+        ([], {}, "listen = 5\n", "listen: '5' is not HOST:PORT"),
+        ([], {}, "lsiten = '127.0.0.1:1'\n", "unknown setting(s) lsiten"),
+        ([], {}, "listen = [", "not valid TOML"),
+        (["--tls-cert", "/no/such/file"], {}, None, "--tls-cert: '/no/such/file' is not a readable file"),
+    ],
+)
+def test_bad_settings_name_their_source(tmp_path: Path, args, environ, config, message) -> None:
+    if config is not None:
+        (tmp_path / "c.toml").write_text(config)
+        args = [*args, "--config", str(tmp_path / "c.toml")]
+    with pytest.raises(ValueError, match="^.*" + message.replace("(", r"\(").replace(")", r"\)")):
+        _resolve(args, environ)
+
+
+def test_the_command_reports_a_bad_setting_without_a_traceback(tmp_path: Path) -> None:
+    steprec = Path(sys.executable).parent / "steprec"
+    result = subprocess.run([str(steprec), "serve", "--listen", "nowhere", "--data", str(tmp_path)],
+                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert result.returncode == 1
+    assert "steprec serve: --listen: 'nowhere' is not HOST:PORT" in result.stderr
+    assert "Traceback" not in result.stderr
