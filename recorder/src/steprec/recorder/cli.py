@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 from pathlib import Path
 
+from .logs import configure_logging
 from .settings import add_arguments, resolve
 
 
@@ -22,6 +22,7 @@ def _serve(options: argparse.Namespace) -> int:
     from .server import ServeOptions, serve
 
     settings = resolve(options)
+    configure_logging(settings.pop("log_format"))
     token_file = settings.pop("token_file")
     serve_options = ServeOptions(
         listen=settings.pop("listen"),
@@ -29,7 +30,6 @@ def _serve(options: argparse.Namespace) -> int:
         token=_read_token(token_file) if token_file else os.environ.get("STEPREC_TOKEN") or None,
         **settings,
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(serve_options))
     return 0
 

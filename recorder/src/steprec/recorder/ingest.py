@@ -9,6 +9,7 @@ records of the same request are stored regardless.
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -48,15 +49,22 @@ class LogsIngest:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"the request is not an OTLP ExportLogsServiceRequest: {error}"
             )
+        started = time.perf_counter()
         records, refusals = decode_request(request)
         try:
             # Inline, not in a worker thread: ingest is sequential anyway and takes well under a
             # millisecond, less than a thread hand-off costs; the slow part (DuckDB) is the applier's.
-            refused_in_store, _ = self._store.ingest(records)
+            refused_in_store, suppressed = self._store.ingest(records)
         except Exception:
             logger.exception("ingest of %d records failed; nothing of this request was stored", len(records))
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the recorder could not commit this request; retry")
         refusals = sorted(refusals + refused_in_store, key=lambda r: r.index)
+        self._store.metrics.observe_export(
+            received=len(records) + len(refusals) - len(refused_in_store),
+            rejected=[r.code for r in refusals],
+            suppressed=suppressed,
+            seconds=time.perf_counter() - started,
+        )
         response = logs_service_pb2.ExportLogsServiceResponse()
         if refusals:
             for refusal in refusals[:10]:

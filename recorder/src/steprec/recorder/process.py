@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+_METRICS = re.compile(r"metrics on (http://\S+)")
 _LISTENING = re.compile(r"listening on (?:(https?)://)?(\S+):(\d+)")
 
 
@@ -22,6 +23,7 @@ class RecorderProcess:
         self.extra_args = extra_args
         self.process: subprocess.Popen[str] | None = None
         self.endpoint = ""
+        self.metrics_url = ""
         self.log_path = data_dir / "recorder.log"
 
     def start(self, timeout: float = 30.0) -> RecorderProcess:
@@ -37,6 +39,8 @@ class RecorderProcess:
             line = self.process.stdout.readline()
             if not line:
                 break
+            if match := _METRICS.search(line):
+                self.metrics_url = match[1]
             if match := _LISTENING.search(line):
                 scheme = "https://" if match[1] == "https" else ""
                 self.endpoint = f"{scheme}{match[2]}:{match[3]}"

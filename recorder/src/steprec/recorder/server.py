@@ -10,11 +10,13 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
-from steprec.proto.query.v1 import query_pb2_grpc
+from steprec.proto.query.v1 import query_pb2, query_pb2_grpc
 
 from .auth import TokenAuth
 from .ingest import LogsIngest
+from .metrics import serve_metrics
 from .query_service import RecorderQuery
 from .store import DuckDBStore
 
@@ -36,6 +38,8 @@ class ServeOptions:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     """With a client CA, clients must present a certificate it signed (mutual TLS)."""
+    metrics_listen: str | None = None
+    """HOST:PORT for Prometheus metrics over HTTP (GET /metrics); off when unset."""
 
     def credentials(self) -> grpc.ServerCredentials | None:
         if self.tls_cert is None and self.tls_key is None:
@@ -65,6 +69,15 @@ class Recorder:
         query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(self.store), self._server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(
+            (
+                "opentelemetry.proto.collector.logs.v1.LogsService",
+                query_pb2.DESCRIPTOR.services_by_name["RecorderQuery"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self._server,
+        )
         credentials = options.credentials()
         if credentials is None:
             self.port = self._server.add_insecure_port(options.listen)
@@ -91,6 +104,15 @@ async def serve(options: ServeOptions) -> None:
     recorder = Recorder(options)
     await recorder.start()
     host = options.listen.rsplit(":", 1)[0]
+    if options.metrics_listen:
+        store = recorder.store
+        metrics_server = await serve_metrics(
+            options.metrics_listen,
+            lambda: store.metrics.render(data_dir=options.data_dir, pending_entries=store.pending_entries),
+            options.token,
+        )
+        metrics_host, metrics_port = metrics_server.sockets[0].getsockname()[:2]
+        print(f"steprec metrics on http://{metrics_host}:{metrics_port}/metrics", flush=True)
     scheme = "https" if options.tls_cert else "http"
     print(f"steprec recorder listening on {scheme}://{host}:{recorder.port} (data: {options.data_dir})", flush=True)
     stopping = asyncio.Event()

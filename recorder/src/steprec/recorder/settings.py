@@ -38,6 +38,12 @@ def readable_file(value: str) -> Path:
     return path
 
 
+def log_format(value: str) -> str:
+    if value not in ("text", "json"):
+        raise ValueError(f"{value!r} is not a log format (text or json)")
+    return value
+
+
 def boolean(value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -75,6 +81,9 @@ SETTINGS = (
     Setting("tls_cert", readable_file, None, "PEM certificate chain to serve TLS with (with --tls-key)"),
     Setting("tls_key", readable_file, None, "PEM private key of --tls-cert"),
     Setting("tls_client_ca", readable_file, None, "PEM CA that client certificates must be signed by: mutual TLS"),
+    Setting("log_format", log_format, "text", "text for people, json for log pipelines (one object per line)"),
+    Setting("metrics_listen", listen_address, None, "HOST:PORT to serve Prometheus metrics on (GET /metrics; "
+            "needs the token too when one is set); none: off"),
 )  # fmt: skip
 
 

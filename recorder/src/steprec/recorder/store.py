@@ -41,6 +41,7 @@ from .decode import (
     ToolEffectRecord,
 )
 from .digests import DigestFilter
+from .metrics import Metrics
 from .schema import migrate
 from .wal import WriteAheadLog
 
@@ -233,6 +234,7 @@ class DuckDBStore:
         self._write_lock = threading.Lock()
         self._states: dict[str, _RunState] = {}
         self._default_max_snapshots = max_snapshots_per_run
+        self.metrics = Metrics()
         self._fragments: dict[bytes, dict[int, bytes]] = {}
         self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
         self._applied = self._connection.execute("SELECT applied_seq FROM steprec_wal").fetchone()[0]
@@ -317,9 +319,11 @@ class DuckDBStore:
                 ):
                     self._cond.wait(left)
                 entries, self._pending = self._pending, []
+            started = time.perf_counter()
             try:
                 self._apply(entries)
             except Exception:
+                self.metrics.apply_failures += 1
                 logger.exception("applying %d logged requests to DuckDB failed; retrying in %.2fs", len(entries), backoff)
                 with self._cond:
                     self._pending = entries + self._pending
@@ -327,6 +331,8 @@ class DuckDBStore:
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.05
+            self.metrics.apply_batches += 1
+            self.metrics.apply_seconds += time.perf_counter() - started
             with self._cond:
                 self._applied = entries[-1][0]
                 for _, _, digests in entries:
@@ -343,6 +349,10 @@ class DuckDBStore:
             for digest in batch.column(0).to_pylist():
                 digests.add(digest)
         return digests
+
+    @property
+    def pending_entries(self) -> int:
+        return len(self._pending)
 
     def _wait_applied(self, sequence: int) -> None:
         with self._cond:

@@ -1,0 +1,91 @@
+"""Prometheus text-format metrics on their own HTTP port (`--metrics-listen`).
+
+Counters are plain integers updated on the ingest and applier paths (each has
+one writer), rendered on request. With a token configured, a scrape must send
+it too, as `Authorization: Bearer <token>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Metrics:
+    export_requests: int = 0
+    records_received: int = 0
+    records_accepted: int = 0
+    records_suppressed: int = 0
+    records_rejected: Counter[str] = field(default_factory=Counter)
+    ingest_seconds: float = 0.0
+    apply_batches: int = 0
+    apply_seconds: float = 0.0
+    apply_failures: int = 0
+
+    def observe_export(self, received: int, rejected: list[str], suppressed: int, seconds: float) -> None:
+        self.export_requests += 1
+        self.records_received += received
+        self.records_rejected.update(rejected)
+        self.records_suppressed += suppressed
+        self.records_accepted += received - len(rejected) - suppressed
+        self.ingest_seconds += seconds
+
+    def render(self, *, data_dir: Path, pending_entries: int) -> str:
+        database_bytes = sum(p.stat().st_size for p in data_dir.glob("steprec.duckdb*"))
+        wal_bytes = sum(p.stat().st_size for p in (data_dir / "wal").glob("wal-*.log"))
+        lines = [
+            *_metric("steprec_export_requests_total", "counter", "OTLP Export calls answered", self.export_requests),
+            *_metric("steprec_records_received_total", "counter", "log records received", self.records_received),
+            *_metric("steprec_records_accepted_total", "counter", "records written to the log", self.records_accepted),
+            *_metric("steprec_records_suppressed_total", "counter", "replays suppressed by key", self.records_suppressed),
+            "# HELP steprec_records_rejected_total records refused, by reason",
+            "# TYPE steprec_records_rejected_total counter",
+            *(f'steprec_records_rejected_total{{reason="{code}"}} {n}' for code, n in sorted(self.records_rejected.items())),
+            *_metric("steprec_ingest_seconds_total", "counter", "time spent validating and logging", self.ingest_seconds),
+            *_metric("steprec_apply_batches_total", "counter", "DuckDB transactions applied", self.apply_batches),
+            *_metric("steprec_apply_seconds_total", "counter", "time spent in DuckDB transactions", self.apply_seconds),
+            *_metric("steprec_apply_failures_total", "counter", "DuckDB transactions that failed", self.apply_failures),
+            *_metric("steprec_wal_pending_entries", "gauge", "logged requests not yet in DuckDB", pending_entries),
+            *_metric("steprec_wal_bytes", "gauge", "bytes in write-ahead log segments", wal_bytes),
+            *_metric("steprec_database_bytes", "gauge", "bytes of the DuckDB file and its own WAL", database_bytes),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def _metric(name: str, kind: str, help_text: str, value: float) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+
+
+async def serve_metrics(listen: str, render, token: str | None) -> asyncio.Server:
+    """A minimal HTTP/1.1 server answering GET /metrics; anything else gets 404."""
+    expected = f"Bearer {token}".encode() if token else None
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            request_line, *header_lines = head.decode("latin-1").split("\r\n")
+            headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines if h)}
+            method, path, *_ = request_line.split(" ") + ["", ""]
+            if expected is not None and not hmac.compare_digest(headers.get("authorization", "").encode(), expected):
+                status, body = "401 Unauthorized", "this recorder requires a token\n"
+            elif method != "GET" or path.split("?")[0] != "/metrics":
+                status, body = "404 Not Found", "only GET /metrics is served here\n"
+            else:
+                status, body = "200 OK", render()
+            payload = body.encode()
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload
+            )
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    host, _, port = listen.rpartition(":")
+    return await asyncio.start_server(handle, host, int(port))
