@@ -76,7 +76,11 @@ class WriteAheadLog:
             if _first_sequence(following) - 1 <= applied:
                 segment.unlink()
 
-    def close(self) -> None:
+    def close(self, *, applied: int | None = None) -> None:
+        """Close; when everything up to the last entry is `applied`, leave one empty segment behind."""
+        if applied is not None and applied >= self.last_sequence:
+            self._start_segment(self.last_sequence + 1)
+            self.release(applied)
         self._file.close()
 
 
