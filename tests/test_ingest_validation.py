@@ -43,3 +43,30 @@ async def test_bad_records_are_refused_and_good_ones_stored(recorder: RecorderPr
         except grpc.aio.AioRpcError as error:
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "not an OTLP" in error.details()
     assert [e.kind for e in await client.list_events("good-run")] == ["run_completed"]
+
+
+async def test_invalid_json_and_oversized_requests_are_refused(recorder: RecorderProcess, client: RecorderClient) -> None:
+    snapshot = _record(
+        wire.SNAPSHOT, steprec__run__id="json-run", steprec__step__index=0, steprec__snapshot__index=0,
+        steprec__snapshot__state="complete", steprec__snapshot__keep=0,
+    )  # fmt: skip
+    snapshot.body.kvlist_value.values.add(key=wire.BODY_MESSAGES).value.array_value.values.add(string_value="{not json")
+    good = _record(wire.EVENT_PREFIX + "run_completed", steprec__run__id="json-run", steprec__step__index=0)
+    request = logs_service_pb2.ExportLogsServiceRequest(
+        resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=[snapshot, good])])]
+    )
+    huge = logs_service_pb2.ExportLogsServiceRequest(
+        resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=[LogRecord(body=AnyValue(string_value="x" * (5 << 20)))])])]
+    )
+    async with grpc.aio.insecure_channel(recorder.endpoint) as channel:
+        stub = logs_service_pb2_grpc.LogsServiceStub(channel)
+        response = await stub.Export(request, timeout=10)
+        assert response.partial_success.rejected_log_records == 1
+        assert "[bad_body]" in response.partial_success.error_message and "not valid JSON" in response.partial_success.error_message
+        try:
+            await stub.Export(huge, timeout=10)
+            raise AssertionError("a 5 MiB request was accepted")
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Still serving, and the good record of the first request is stored.
+        assert [e.kind for e in await client.list_events("json-run")] == ["run_completed"]
