@@ -35,6 +35,7 @@ from ._pipeline import DeliveryOptions, RecorderPipeline, default_spool_dir, pip
 from ._snapshots import SnapshotEncoder
 
 DEFAULT_ENDPOINT = "127.0.0.1:4317"
+_RESEND_WHOLE = {"refused:unknown_message", "refused:unknown_base"}
 _ENDPOINT = re.compile(r"^(?:https?://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}/?$")
 
 
@@ -312,7 +313,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         append_refs: bytes,
         new_messages: list[str],
     ) -> str:
-        _, scope = self.recording
+        pipeline, scope = self.recording
         inline = []
         for text in new_messages:
             encoded = text.encode()
@@ -329,20 +330,21 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
                         scope, step_index=step_index, digest=digest, index=index, count=count, data=piece
                     )
                 )
-        self._emit(
-            _records.snapshot(
-                scope,
-                snapshot_index=snapshot_index,
-                step_index=step_index,
-                state=state,
-                idempotency_key=f"{snapshot_index}:{step_index}:{state}",
-                base_index=base_index,
-                keep=keep,
-                append_refs=append_refs,
-                new_messages=inline,
-            )
+        record = _records.snapshot(
+            scope,
+            snapshot_index=snapshot_index,
+            step_index=step_index,
+            state=state,
+            idempotency_key=f"{snapshot_index}:{step_index}:{state}",
+            base_index=base_index,
+            keep=keep,
+            append_refs=append_refs,
+            new_messages=inline,
         )
-        return await self._settle(durable=True)
+        self._emit(record)
+        delivery = await self._settle(durable=True)
+        refusal = pipeline.delivery.pop_refusal(record)
+        return f"refused:{refusal.code}" if refusal is not None else delivery
 
     async def _save_snapshot(
         self,
@@ -362,16 +364,22 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         state = "complete" if is_settled(messages) else "interrupted"
         snapshot_index = self._snapshot_sequence
         self._snapshot_sequence += 1
-        delta = self._encoder.encode(messages, fresh=fresh, provisional=provisional)
-        delivery = await self._persist_snapshot(
-            snapshot_index=snapshot_index,
-            step_index=step_index,
-            state=state,
-            base_index=delta.base_index,
-            keep=delta.keep,
-            append_refs=delta.append_refs,
-            new_messages=delta.new_messages,
-        )
+        for attempt in range(2):
+            delta = self._encoder.encode(messages, fresh=fresh, provisional=provisional)
+            delivery = await self._persist_snapshot(
+                snapshot_index=snapshot_index,
+                step_index=step_index,
+                state=state,
+                base_index=delta.base_index,
+                keep=delta.keep,
+                append_refs=delta.append_refs,
+                new_messages=delta.new_messages,
+            )
+            if delivery not in _RESEND_WHOLE or attempt:
+                break
+            # The recorder lacks messages this run sent before (pruned, or its data was lost):
+            # send this snapshot whole, with every message, under the same key.
+            self._encoder.forget()
         self._encoder.commit(snapshot_index, delta)
         self._last_snapshot_step = step_index
         await ctx.emit(

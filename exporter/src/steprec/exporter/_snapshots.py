@@ -90,6 +90,11 @@ class SnapshotEncoder:
             refs=refs,
         )
 
+    def forget(self) -> None:
+        """Assume the recorder holds nothing of this run: the next delta is whole, with every message."""
+        self._sent.clear()
+        self._previous_refs, self._previous_index = (), None
+
     def commit(self, snapshot_index: int, delta: SnapshotDelta) -> None:
         self._sent.update(delta.refs)
         self._previous_refs = delta.refs

@@ -12,8 +12,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
 from steprec.proto.query.v1 import query_pb2, query_pb2_grpc
 
+from .admin_service import RecorderAdmin
 from .auth import TokenAuth
 from .ingest import LogsIngest
 from .metrics import serve_metrics
@@ -67,6 +69,7 @@ class Recorder:
         self._server = grpc.aio.server(interceptors=interceptors)
         self._server.add_generic_rpc_handlers((LogsIngest(self.store).handler(),))
         query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(self.store), self._server)
+        admin_pb2_grpc.add_RecorderAdminServicer_to_server(RecorderAdmin(self.store), self._server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -74,6 +77,7 @@ class Recorder:
                 "opentelemetry.proto.collector.logs.v1.LogsService",
                 query_pb2.DESCRIPTOR.services_by_name["RecorderQuery"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                admin_pb2.DESCRIPTOR.services_by_name["RecorderAdmin"].full_name,
                 reflection.SERVICE_NAME,
             ),
             self._server,

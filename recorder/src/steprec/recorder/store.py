@@ -353,6 +353,57 @@ class DuckDBStore:
                 digests.add(digest)
         return digests
 
+    def prune(
+        self, *, started_before_ns: int | None, conversation_id: str | None, dry_run: bool = False
+    ) -> PruneResult:
+        """Remove whole runs (and their events, snapshots and tool effects), then unreferenced messages.
+
+        Holds the ingest lock for its duration and first waits until everything
+        acknowledged is applied, so it never races a write it cannot see.
+        """
+        if started_before_ns is None and conversation_id is None:
+            raise ValueError("prune needs an age or a conversation; refusing to remove every run")
+        with self._write_lock:
+            self._wait_applied(self._wal.last_sequence)
+            cursor = self._connection.cursor()
+            try:
+                filters, params = [], []
+                if started_before_ns is not None:
+                    filters.append("epoch_ns(started_at) < ?")
+                    params.append(started_before_ns)
+                if conversation_id is not None:
+                    filters.append("conversation_id = ?")
+                    params.append(conversation_id)
+                cursor.execute("BEGIN")
+                where = " AND ".join(filters)
+                run_ids = [r for (r,) in cursor.execute(f"SELECT run_id FROM runs WHERE {where}", params).fetchall()]
+                counts = {}
+                for table in ("events", "snapshots", "tool_effects", "runs"):
+                    counts[table] = cursor.execute(
+                        f"SELECT count(*) FROM {table} WHERE list_contains(?::VARCHAR[], run_id)", [run_ids]
+                    ).fetchone()[0]
+                    cursor.execute(f"DELETE FROM {table} WHERE list_contains(?::VARCHAR[], run_id)", [run_ids])
+                referenced = pa.table({"digest": pa.array(list(_referenced_digests(cursor)), pa.binary())})
+                cursor.register("referenced", referenced)
+                messages, message_bytes = cursor.execute(
+                    "SELECT count(*), coalesce(sum(size_bytes), 0) FROM messages ANTI JOIN referenced USING (digest)"
+                ).fetchone()
+                cursor.execute("DELETE FROM messages WHERE digest NOT IN (SELECT digest FROM referenced)")
+                cursor.unregister("referenced")
+                cursor.execute("ROLLBACK" if dry_run else "COMMIT")
+            except BaseException:
+                cursor.execute("ROLLBACK")
+                raise
+            finally:
+                cursor.close()
+            if not dry_run:
+                # Every run's notion of which messages the store holds may be stale now.
+                self._states.clear()
+            return PruneResult(
+                runs=counts["runs"], events=counts["events"], snapshots=counts["snapshots"],
+                tool_effects=counts["tool_effects"], messages=messages, message_bytes=message_bytes,
+            )  # fmt: skip
+
     @property
     def pending_entries(self) -> int:
         return len(self._pending)
@@ -808,3 +859,22 @@ class DuckDBStore:
 def _dicts(result: duckdb.DuckDBPyConnection) -> list[dict]:
     names = [d[0] for d in result.description]
     return [dict(zip(names, row)) for row in result.fetchall()]
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    runs: int
+    events: int
+    snapshots: int
+    tool_effects: int
+    messages: int
+    message_bytes: int
+
+
+def _referenced_digests(cursor: duckdb.DuckDBPyConnection) -> set[bytes]:
+    """Every digest a retained snapshot refers to: the union of all stored reference lists and deltas."""
+    referenced: set[bytes] = set()
+    for batch in cursor.execute("SELECT refs FROM snapshots WHERE NOT pruned").to_arrow_reader():
+        for blob in batch.column(0).to_pylist():
+            referenced.update(_split_refs(blob))
+    return referenced
