@@ -23,35 +23,34 @@ PARTS = ["proto", "exporter", "recorder[demo]", "query"]
 INPUTS = [ROOT / "pyproject.toml", ROOT / "constraints.txt", *(ROOT / p.split("[")[0] / "pyproject.toml" for p in PARTS)]
 
 
-def _python() -> Path:
-    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+def venv_python(folder: Path) -> Path:
+    return folder / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def _fingerprint() -> str:
-    digest = hashlib.sha256()
-    for path in INPUTS:
+def ensure_venv(folder: Path, install_args: list[str], inputs: list[Path]) -> Path:
+    """`folder`'s python, (re)installing `install_args` with pip when any of `inputs` changed since."""
+    stamp = folder / ".steprec-installed"
+    digest = hashlib.sha256("\0".join(install_args).encode())
+    for path in inputs:
         digest.update(path.read_bytes())
-    return digest.hexdigest()
+    fingerprint = digest.hexdigest()
+    python = venv_python(folder)
+    if stamp.exists() and stamp.read_text() == fingerprint and python.exists():
+        return python
+    print(f"steprec: preparing {folder.name} (first run, or dependencies changed) ...", flush=True)
+    if not python.exists():
+        venv.create(folder, with_pip=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *install_args], check=True)
+    stamp.write_text(fingerprint)
+    return python
 
 
 def ensure_environment() -> Path:
-    """The venv's python, installing or refreshing the environment when its inputs changed."""
-    stamp = VENV / ".steprec-installed"
-    fingerprint = _fingerprint()
-    if stamp.exists() and stamp.read_text() == fingerprint and _python().exists():
-        return _python()
-    print("steprec: preparing .venv (first run, or dependencies changed) ...", flush=True)
-    if not _python().exists():
-        venv.create(VENV, with_pip=True)
+    """The dev venv's python: the four parts editable, pinned by constraints.txt, plus the dev tools."""
     dev_tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
     editable = [arg for part in PARTS for arg in ("-e", str(ROOT / part.split("[")[0]) + part[len(part.split("[")[0]) :])]
-    subprocess.run(
-        [str(_python()), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "-c", str(ROOT / "constraints.txt"), *editable, *dev_tools],
-        check=True,
-    )  # fmt: skip
-    stamp.write_text(fingerprint)
-    return _python()
+    return ensure_venv(VENV, ["-c", str(ROOT / "constraints.txt"), *editable, *dev_tools], INPUTS)
 
 
 def main(argv: list[str]) -> int:
