@@ -52,8 +52,8 @@ async def _prune(options: argparse.Namespace) -> int:
         verb = "would remove" if options.dry_run else "removed"
         print(
             f"{verb} {counts['runs']} runs ({counts['events']} events, {counts['snapshots']} snapshots, "
-            f"{counts['tool_effects']} tool effects) and {counts['messages']} unreferenced messages "
-            f"({counts['message_bytes']:,} bytes)"
+            f"{counts['tool_effects']} tool effects), {counts['messages']} unreferenced messages "
+            f"({counts['message_bytes']:,} bytes) and {counts['media_blobs']} media blobs ({counts['media_bytes']:,} bytes)"
         )
     return 0
 

@@ -18,6 +18,7 @@ from steprec.proto.query.v1 import query_pb2, query_pb2_grpc
 from .admin_service import RecorderAdmin
 from .auth import TokenAuth
 from .ingest import LogsIngest
+from .media import DEFAULT_THRESHOLD
 from .metrics import serve_metrics
 from .query_service import RecorderQuery
 from .store import DuckDBStore
@@ -40,6 +41,8 @@ class ServeOptions:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     """With a client CA, clients must present a certificate it signed (mutual TLS)."""
+    media_threshold: int = DEFAULT_THRESHOLD
+    """String parts of this many bytes or more are stored as media blobs (BinaryContent always is)."""
     metrics_listen: str | None = None
     """HOST:PORT for Prometheus metrics over HTTP (GET /metrics); off when unset."""
 
@@ -63,7 +66,10 @@ class Recorder:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self.store = DuckDBStore(
-            options.data_dir / DATABASE_NAME, fsync=options.fsync, max_snapshots_per_run=options.max_snapshots_per_run
+            options.data_dir / DATABASE_NAME,
+            fsync=options.fsync,
+            max_snapshots_per_run=options.max_snapshots_per_run,
+            media_threshold=options.media_threshold,
         )
         interceptors = [TokenAuth(options.token)] if options.token else []
         self._server = grpc.aio.server(interceptors=interceptors)

@@ -76,6 +76,8 @@ SETTINGS = (
             "survive power loss too (without it they survive any crash of the recorder process)"),
     Setting("max_snapshots_per_run", positive_int, None, "keep at most N snapshots per run (plus the newest and "
             "the newest complete) unless the run asks for its own bound; none keeps all"),
+    Setting("media_threshold", positive_int, 64 * 1024, "string parts of this many bytes or more are stored "
+            "once as media+sha256:// blobs under <data>/media (BinaryContent always is)"),
     Setting("token_file", readable_file, None, "require 'authorization: Bearer <token>' on every call but health "
             "checks; the token is the file's content (STEPREC_TOKEN may hold the token itself)"),
     Setting("tls_cert", readable_file, None, "PEM certificate chain to serve TLS with (with --tls-key)"),

@@ -41,6 +41,8 @@ from .decode import (
     ToolEffectRecord,
 )
 from .digests import DigestFilter
+from .media import DEFAULT_THRESHOLD, MediaCodec, MediaStore, referenced_uris
+from .media import MARKER as MEDIA_MARKER
 from .metrics import Metrics
 from .schema import migrate
 from .wal import WriteAheadLog
@@ -224,7 +226,14 @@ def retained_snapshots(snapshots: list[tuple[int, str, str | None]], keep: int) 
 class DuckDBStore:
     """A steprec database in one DuckDB file."""
 
-    def __init__(self, path: Path, *, fsync: bool = False, max_snapshots_per_run: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        fsync: bool = False,
+        max_snapshots_per_run: int | None = None,
+        media_threshold: int = DEFAULT_THRESHOLD,
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         new = not path.exists()
         self.path = path
@@ -237,6 +246,7 @@ class DuckDBStore:
         self._write_lock = threading.Lock()
         self._states: dict[str, _RunState] = {}
         self._default_max_snapshots = max_snapshots_per_run
+        self._media = MediaCodec(MediaStore(path.parent / "media", fsync=fsync), threshold=media_threshold)
         self.metrics = Metrics()
         self._fragments: dict[bytes, dict[int, bytes]] = {}
         self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
@@ -390,18 +400,24 @@ class DuckDBStore:
                 ).fetchone()
                 cursor.execute("DELETE FROM messages WHERE digest NOT IN (SELECT digest FROM referenced)")
                 cursor.unregister("referenced")
+                blobs_in_use = set()
+                for (body,) in cursor.execute("SELECT body FROM messages WHERE contains(body, ?)", [MEDIA_MARKER]).fetchall():
+                    blobs_in_use |= referenced_uris(body)
                 cursor.execute("ROLLBACK" if dry_run else "COMMIT")
             except BaseException:
                 cursor.execute("ROLLBACK")
                 raise
             finally:
                 cursor.close()
+            media_blobs = media_bytes = 0
             if not dry_run:
                 # Every run's notion of which messages the store holds may be stale now.
                 self._states.clear()
+                media_blobs, media_bytes = self._media.store.collect_garbage(blobs_in_use)
             return PruneResult(
                 runs=counts["runs"], events=counts["events"], snapshots=counts["snapshots"],
                 tool_effects=counts["tool_effects"], messages=messages, message_bytes=message_bytes,
+                media_blobs=media_blobs, media_bytes=media_bytes,
             )  # fmt: skip
 
     @property
@@ -596,7 +612,8 @@ class DuckDBStore:
         del self._fragments[digest]
         if hashlib.sha256(whole).digest() != digest:
             raise Malformed("bad_body", "the fragments of a message do not add up to its digest")
-        batch.add("messages", digest=digest, body=_json_object_text(whole), size_bytes=len(whole))
+        body = self._media.externalize(_json_object_text(whole))
+        batch.add("messages", digest=digest, body=body, size_bytes=len(whole))
         batch.assembled.append(digest)
         staged_digests.add(digest)
         self._digests.add(digest)
@@ -663,7 +680,7 @@ class DuckDBStore:
         for digest in new_digests:
             if digest not in already_stored:
                 text, size = bodies[digest]
-                batch.add("messages", digest=digest, body=text, size_bytes=size)
+                batch.add("messages", digest=digest, body=self._media.externalize(text), size_bytes=size)
                 staged_digests.add(digest)
                 self._digests.add(digest)
         # A run under retention stores whole reference lists: pruning then never breaks a chain.
@@ -757,7 +774,7 @@ class DuckDBStore:
                 ).fetchall()
             }
             cursor.unregister("wanted_digests")
-            return info, [bodies[r] for r in refs]
+            return info, [self._media.restore(bodies[r]) for r in refs]
         finally:
             cursor.close()
 
@@ -869,6 +886,8 @@ class PruneResult:
     tool_effects: int
     messages: int
     message_bytes: int
+    media_blobs: int
+    media_bytes: int
 
 
 def _referenced_digests(cursor: duckdb.DuckDBPyConnection) -> set[bytes]:

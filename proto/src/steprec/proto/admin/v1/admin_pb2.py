@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"steprec/proto/admin/v1/admin.proto\x12\x10steprec.admin.v1\"\x95\x01\n\x0cPruneRequest\x12%\n\x18started_before_unix_nano\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1c\n\x0f\x63onversation_id\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x42\x1b\n\x19_started_before_unix_nanoB\x12\n\x10_conversation_id\"\x7f\n\rPruneResponse\x12\x0c\n\x04runs\x18\x01 \x01(\x03\x12\x0e\n\x06\x65vents\x18\x02 \x01(\x03\x12\x11\n\tsnapshots\x18\x03 \x01(\x03\x12\x14\n\x0ctool_effects\x18\x04 \x01(\x03\x12\x10\n\x08messages\x18\x05 \x01(\x03\x12\x15\n\rmessage_bytes\x18\x06 \x01(\x03\x32Y\n\rRecorderAdmin\x12H\n\x05Prune\x12\x1e.steprec.admin.v1.PruneRequest\x1a\x1f.steprec.admin.v1.PruneResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"steprec/proto/admin/v1/admin.proto\x12\x10steprec.admin.v1\"\x95\x01\n\x0cPruneRequest\x12%\n\x18started_before_unix_nano\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1c\n\x0f\x63onversation_id\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x42\x1b\n\x19_started_before_unix_nanoB\x12\n\x10_conversation_id\"\xa9\x01\n\rPruneResponse\x12\x0c\n\x04runs\x18\x01 \x01(\x03\x12\x0e\n\x06\x65vents\x18\x02 \x01(\x03\x12\x11\n\tsnapshots\x18\x03 \x01(\x03\x12\x14\n\x0ctool_effects\x18\x04 \x01(\x03\x12\x10\n\x08messages\x18\x05 \x01(\x03\x12\x15\n\rmessage_bytes\x18\x06 \x01(\x03\x12\x13\n\x0bmedia_blobs\x18\x07 \x01(\x03\x12\x13\n\x0bmedia_bytes\x18\x08 \x01(\x03\x32Y\n\rRecorderAdmin\x12H\n\x05Prune\x12\x1e.steprec.admin.v1.PruneRequest\x1a\x1f.steprec.admin.v1.PruneResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PRUNEREQUEST']._serialized_start=57
   _globals['_PRUNEREQUEST']._serialized_end=206
-  _globals['_PRUNERESPONSE']._serialized_start=208
-  _globals['_PRUNERESPONSE']._serialized_end=335
-  _globals['_RECORDERADMIN']._serialized_start=337
-  _globals['_RECORDERADMIN']._serialized_end=426
+  _globals['_PRUNERESPONSE']._serialized_start=209
+  _globals['_PRUNERESPONSE']._serialized_end=378
+  _globals['_RECORDERADMIN']._serialized_start=380
+  _globals['_RECORDERADMIN']._serialized_end=469
 # @@protoc_insertion_point(module_scope)

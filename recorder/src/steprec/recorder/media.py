@@ -1,0 +1,150 @@
+"""Media offload: `BinaryContent` and large text parts live as content-addressed blobs, not in DuckDB rows.
+
+A stored message keeps a small marker where the payload was; reads put the
+payload back, so what a reader gets is the message the agent sent. Blobs are
+named by SHA-256 (`media+sha256://<hex>`), written once (a second writer of the
+same bytes finds the file there), atomically (temporary file, then rename) and
+owner-only. What counts as large follows pydantic-ai-harness: every
+`BinaryContent`, and every string part of 64 KiB or more by default.
+
+The walker works on the JSON tree and recognises the shapes pydantic-ai
+serialises: `{"kind": "binary", "data": <base64>}` and a string `content` next to
+a `part_kind` (every message part) or `"kind": "text-content"`. Caller data
+that happens to contain the marker key is wrapped on the way in and unwrapped
+on the way out, so it can never be mistaken for a marker.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+URI_PREFIX = "media+sha256://"
+MARKER = "__steprec_media__"
+LITERAL = "__steprec_literal__"
+DEFAULT_THRESHOLD = 64 * 1024
+_TEXT_KINDS = ("text-content", "structured-content")
+_URI = re.compile(r"media\+sha256://([0-9a-f]{64})")
+
+
+class MediaStore:
+    """Blobs on local disk under `<data>/media/<first two hex digits>/<hex>`."""
+
+    def __init__(self, folder: Path, *, fsync: bool = False) -> None:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.folder = folder
+        self.fsync = fsync
+
+    def _path(self, hex_digest: str) -> Path:
+        return self.folder / hex_digest[:2] / hex_digest
+
+    def put(self, data: bytes) -> str:
+        hex_digest = hashlib.sha256(data).hexdigest()
+        path = self._path(hex_digest)
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True, mode=0o700)
+            with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
+                tmp.write(data)
+                if self.fsync:
+                    tmp.flush()
+                    os.fsync(tmp.fileno())
+            os.chmod(tmp.name, 0o600)
+            os.replace(tmp.name, path)
+        return URI_PREFIX + hex_digest
+
+    def get(self, uri: str) -> bytes:
+        match = _URI.fullmatch(uri)
+        if match is None:
+            raise ValueError(f"{uri[:100]!r} is not a media+sha256:// URI")
+        return self._path(match[1]).read_bytes()
+
+    def collect_garbage(self, referenced: set[str]) -> tuple[int, int]:
+        """Delete blobs whose URI is not in `referenced`; returns (count, bytes) removed."""
+        count = size = 0
+        for path in self.folder.glob("??/*"):
+            if URI_PREFIX + path.name not in referenced and len(path.name) == 64:
+                size += path.stat().st_size
+                path.unlink()
+                count += 1
+        return count, size
+
+
+def referenced_uris(body: str) -> set[str]:
+    return {URI_PREFIX + hex_digest for hex_digest in _URI.findall(body)} if MARKER in body else set()
+
+
+def _decode_base64(data: str) -> tuple[bytes, str] | None:
+    urlsafe = "-" in data or "_" in data
+    if urlsafe and ("+" in data or "/" in data):
+        return None
+    try:
+        raw = base64.b64decode(data, altchars=b"-_" if urlsafe else None, validate=True)
+    except ValueError:
+        return None
+    return raw, ("url" if urlsafe else "std") + ("" if data.endswith("=") or len(data) % 4 == 0 else "-nopad")
+
+
+def _encode_base64(raw: bytes, encoding: str) -> str:
+    alphabet, _, padding = encoding.partition("-")
+    text = (base64.urlsafe_b64encode if alphabet == "url" else base64.b64encode)(raw).decode()
+    return text.rstrip("=") if padding == "nopad" else text
+
+
+class MediaCodec:
+    """Moves payloads out of message JSON into a MediaStore, and back."""
+
+    def __init__(self, store: MediaStore, *, threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.store = store
+        self.threshold = threshold
+
+    def externalize(self, text: str) -> str:
+        """The message JSON with its payloads replaced by markers (unchanged when it has none)."""
+        if '"binary"' not in text and len(text) < self.threshold and MARKER not in text and LITERAL not in text:
+            return text
+        return json.dumps(self._out(json.loads(text)), separators=(",", ":"), ensure_ascii=False)
+
+    def restore(self, text: str) -> str:
+        if MARKER not in text and LITERAL not in text:
+            return text
+        return json.dumps(self._in(json.loads(text)), separators=(",", ":"), ensure_ascii=False)
+
+    def _out(self, node: object) -> object:
+        if isinstance(node, list):
+            return [self._out(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if MARKER in node or LITERAL in node:
+            return {LITERAL: {key: self._out(value) for key, value in node.items()}}
+        data = node.get("data")
+        if node.get("kind") == "binary" and isinstance(data, str) and (decoded := _decode_base64(data)):
+            raw, encoding = decoded
+            return self._marked(node, "data", self.store.put(raw), encoding)
+        content = node.get("content")
+        is_part = isinstance(node.get("part_kind"), str) or node.get("kind") in _TEXT_KINDS
+        if is_part and isinstance(content, str) and len(content.encode()) >= self.threshold:
+            return self._marked(node, "content", self.store.put(content.encode()), "utf-8")
+        return {key: self._out(value) for key, value in node.items()}
+
+    def _marked(self, node: dict, field: str, uri: str, encoding: str) -> dict:
+        rest = {key: self._out(value) for key, value in node.items() if key != field}
+        return {**rest, MARKER: {"field": field, "uri": uri, "encoding": encoding}}
+
+    def _in(self, node: object) -> object:
+        if isinstance(node, list):
+            return [self._in(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if LITERAL in node and len(node) == 1:
+            return {key: self._in(value) for key, value in node[LITERAL].items()}
+        marker = node.get(MARKER)
+        restored = {key: self._in(value) for key, value in node.items() if key != MARKER}
+        if isinstance(marker, dict):
+            raw = self.store.get(marker["uri"])
+            encoding = marker["encoding"]
+            restored[marker["field"]] = raw.decode() if encoding == "utf-8" else _encode_base64(raw, encoding)
+        return restored
