@@ -35,7 +35,6 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage, UsageLimits
 from pydantic_ai_harness.step_persistence import FileStepStore, InMemoryStepStore, SqliteStepStore, StepPersistence
-
 from steprec.exporter import StepRecorder, shutdown_pipelines
 from steprec.recorder.process import RecorderProcess
 

@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from dev import ensure_venv  # noqa: E402 - the one venv bootstrap, shared with the dev commands
+
 VENV = ROOT / ".venv-bench"
 PARTS = ["proto", "exporter", "query", "recorder"]
 REQUIREMENTS = ["pydantic-ai-harness==0.62.0"]

@@ -20,7 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 PARTS = ["proto", "exporter", "recorder[demo]", "query"]
-INPUTS = [ROOT / "pyproject.toml", ROOT / "constraints.txt", *(ROOT / p.split("[")[0] / "pyproject.toml" for p in PARTS)]
+INPUTS = [
+    ROOT / "pyproject.toml",
+    ROOT / "constraints.txt",
+    *(ROOT / p.split("[")[0] / "pyproject.toml" for p in PARTS),
+]
 
 
 def venv_python(folder: Path) -> Path:
@@ -49,7 +53,9 @@ def ensure_venv(folder: Path, install_args: list[str], inputs: list[Path]) -> Pa
 def ensure_environment() -> Path:
     """The dev venv's python: the four parts editable, pinned by constraints.txt, plus the dev tools."""
     dev_tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
-    editable = [arg for part in PARTS for arg in ("-e", str(ROOT / part.split("[")[0]) + part[len(part.split("[")[0]) :])]
+    editable = [
+        arg for part in PARTS for arg in ("-e", str(ROOT / part.split("[")[0]) + part[len(part.split("[")[0]) :])
+    ]
     return ensure_venv(VENV, ["-c", str(ROOT / "constraints.txt"), *editable, *dev_tools], INPUTS)
 
 

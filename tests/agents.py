@@ -7,7 +7,6 @@ import time
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-
 from steprec.exporter import StepRecorder
 
 
@@ -30,7 +29,11 @@ def calls_tool_then_answers(calls: int, tool: str = "echo") -> FunctionModel:
 def echo_agent(endpoint: str, calls: int = 3, *, padding: int = 0, delay: float = 0, **recorder_options) -> Agent:
     """An agent whose `echo` tool returns its input, plus `padding` characters to make records big,
     after `delay` seconds of pretend work."""
-    agent = Agent(calls_tool_then_answers(calls), name="echoer", capabilities=[StepRecorder(endpoint=endpoint, **recorder_options)])
+    agent = Agent(
+        calls_tool_then_answers(calls),
+        name="echoer",
+        capabilities=[StepRecorder(endpoint=endpoint, **recorder_options)],
+    )
 
     @agent.tool_plain
     def echo(text: str) -> str:

@@ -6,16 +6,15 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from steprec.exporter import shutdown_pipelines
+from steprec.query import RecorderClient
+from steprec.recorder.process import RecorderProcess
 
 
 @pytest.fixture(autouse=True)
 def _private_spool(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test spools into its own folder, never the user's ~/.local/state."""
     monkeypatch.setenv("STEPREC_SPOOL_DIR", str(tmp_path_factory.mktemp("spool")))
-
-from steprec.exporter import shutdown_pipelines
-from steprec.query import RecorderClient
-from steprec.recorder.process import RecorderProcess
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import sys
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-
 from steprec.exporter import StepRecorder, shutdown_pipelines
 from steprec.query import RecorderClient, continue_run
 
@@ -34,7 +33,9 @@ def build(mode: str, endpoint: str) -> Agent:
         if mode == "after_tool_return" and returned == 2:
             _die()
         if returned < 2 or (mode == "continue" and returned < 3):
-            return ModelResponse(parts=[ToolCallPart("charge", {"cents": 100 * (returned + 1)}, tool_call_id=f"c{returned}")])
+            return ModelResponse(
+                parts=[ToolCallPart("charge", {"cents": 100 * (returned + 1)}, tool_call_id=f"c{returned}")]
+            )
         return ModelResponse(parts=[TextPart(f"charged {returned} times")])
 
     agent = Agent(

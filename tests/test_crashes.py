@@ -10,7 +10,6 @@ from collections import Counter
 from pathlib import Path
 
 from pydantic_ai.messages import ModelResponse, ToolReturnPart
-
 from steprec.exporter import shutdown_pipelines
 from steprec.query import RecorderClient
 from steprec.recorder.process import RecorderProcess

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from steprec.exporter import shutdown_pipelines
 from steprec.query import RecorderClient
 from steprec.recorder.process import RecorderProcess
@@ -34,7 +33,7 @@ async def _assert_complete_trail(endpoint: str, conversation_id: str, calls: int
         kinds = [e.kind for e in await client.list_events(run.run_id)]
         assert kinds[0] == "run_started" and kinds[-1] == "run_completed"
         assert kinds.count("tool_call_completed") == calls
-        assert len(kinds) == len(set((e.idempotency_key for e in await client.list_events(run.run_id))))
+        assert len(kinds) == len(set(e.idempotency_key for e in await client.list_events(run.run_id)))
         snapshot = await client.latest_snapshot(run.run_id)
         assert snapshot is not None and len(snapshot.messages) == 2 + 2 * calls
 

@@ -11,7 +11,9 @@ import duckdb
 
 def test_demo_runs_end_to_end_and_keeps_its_data(tmp_path: Path) -> None:
     steprec = Path(sys.executable).parent / "steprec"
-    result = subprocess.run([str(steprec), "demo", "--data", str(tmp_path)], capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [str(steprec), "demo", "--data", str(tmp_path)], capture_output=True, text=True, timeout=180
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "└── librarian" in out  # the delegate hangs under the planner in the tree

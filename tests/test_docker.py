@@ -19,8 +19,6 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"

@@ -6,7 +6,6 @@ import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
 from pydantic_ai.models.function import FunctionModel
-
 from steprec.exporter import StepRecorder
 from steprec.query import RecorderClient, continue_run, fork_run
 from steprec.recorder.process import RecorderProcess

@@ -6,7 +6,6 @@ import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
-
 from steprec.proto import wire
 from steprec.query import RecorderClient
 from steprec.recorder.process import RecorderProcess
@@ -45,7 +44,9 @@ async def test_bad_records_are_refused_and_good_ones_stored(recorder: RecorderPr
     assert [e.kind for e in await client.list_events("good-run")] == ["run_completed"]
 
 
-async def test_invalid_json_and_oversized_requests_are_refused(recorder: RecorderProcess, client: RecorderClient) -> None:
+async def test_invalid_json_and_oversized_requests_are_refused(
+    recorder: RecorderProcess, client: RecorderClient
+) -> None:
     snapshot = _record(
         wire.SNAPSHOT, steprec__run__id="json-run", steprec__step__index=0, steprec__snapshot__index=0,
         steprec__snapshot__state="complete", steprec__snapshot__keep=0,
@@ -56,13 +57,18 @@ async def test_invalid_json_and_oversized_requests_are_refused(recorder: Recorde
         resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=[snapshot, good])])]
     )
     huge = logs_service_pb2.ExportLogsServiceRequest(
-        resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=[LogRecord(body=AnyValue(string_value="x" * (5 << 20)))])])]
+        resource_logs=[
+            ResourceLogs(scope_logs=[ScopeLogs(log_records=[LogRecord(body=AnyValue(string_value="x" * (5 << 20)))])])
+        ]
     )
     async with grpc.aio.insecure_channel(recorder.endpoint) as channel:
         stub = logs_service_pb2_grpc.LogsServiceStub(channel)
         response = await stub.Export(request, timeout=10)
         assert response.partial_success.rejected_log_records == 1
-        assert "[bad_body]" in response.partial_success.error_message and "not valid JSON" in response.partial_success.error_message
+        assert (
+            "[bad_body]" in response.partial_success.error_message
+            and "not valid JSON" in response.partial_success.error_message
+        )
         try:
             await stub.Export(huge, timeout=10)
             raise AssertionError("a 5 MiB request was accepted")

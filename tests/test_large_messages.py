@@ -7,7 +7,6 @@ import os
 from pydantic_ai import Agent, BinaryContent
 from pydantic_ai.messages import ModelResponse, TextPart, UserPromptPart
 from pydantic_ai.models.function import FunctionModel
-
 from steprec.exporter import StepRecorder
 from steprec.query import RecorderClient, continue_run
 from steprec.recorder.process import RecorderProcess

@@ -8,7 +8,12 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = {"proto": "steprec-proto", "exporter": "steprec-exporter", "recorder": "steprec-recorder", "query": "steprec-query"}
+PARTS = {
+    "proto": "steprec-proto",
+    "exporter": "steprec-exporter",
+    "recorder": "steprec-recorder",
+    "query": "steprec-query",
+}
 
 
 def test_each_part_is_its_own_distribution_under_the_steprec_namespace() -> None:
@@ -41,5 +46,7 @@ def test_recorder_pins_what_it_ships_with() -> None:
 
 
 def test_generated_protobuf_modules_are_current() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr

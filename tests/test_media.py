@@ -18,7 +18,6 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models.function import FunctionModel
-
 from steprec.exporter import StepRecorder, shutdown_pipelines
 from steprec.query import RecorderClient, continue_run
 from steprec.recorder.media import MARKER, MediaCodec, MediaStore
@@ -63,7 +62,9 @@ async def test_media_is_stored_once_outside_duckdb_and_restored(tmp_path: Path) 
 
     recorder = RecorderProcess(tmp_path / "recorder").start()
     try:
-        agent = Agent(FunctionModel(model), capabilities=[StepRecorder(endpoint=recorder.endpoint, spool_dir=tmp_path / "s")])
+        agent = Agent(
+            FunctionModel(model), capabilities=[StepRecorder(endpoint=recorder.endpoint, spool_dir=tmp_path / "s")]
+        )
 
         @agent.tool_plain
         def read_log() -> str:

@@ -7,7 +7,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from steprec.exporter import shutdown_pipelines
 from steprec.recorder.process import RecorderProcess
 

@@ -22,7 +22,6 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.run import AgentRunResult
-
 from steprec.exporter import SnapshotSaved, StepRecorder, annotate_tool_effect
 from steprec.query import RecorderClient, continue_run
 from steprec.recorder.process import RecorderProcess
@@ -54,12 +53,14 @@ async def test_derived_run_id_matches_the_reference(recorder: RecorderProcess, c
     agent = echo_agent(recorder.endpoint, calls=0, agent_name="librarian")
     result = await agent.run("hi", conversation_id="conv-derived")
     (run,) = await client.list_runs(conversation_id="conv-derived")
-    name = "librarian".encode()
+    name = b"librarian"
     expected = "sp-" + base64.urlsafe_b64encode(f"{len(name)}:librarian{result.run_id}".encode()).decode().rstrip("=")
     assert run.run_id == expected and run.agent_name == "librarian"
 
 
-async def test_too_long_derived_run_id_fails_before_any_write(recorder: RecorderProcess, client: RecorderClient) -> None:
+async def test_too_long_derived_run_id_fails_before_any_write(
+    recorder: RecorderProcess, client: RecorderClient
+) -> None:
     agent = echo_agent(recorder.endpoint, calls=0, agent_name="x" * 150)
     with pytest.raises(ValueError, match="200"):
         await agent.run("hi", conversation_id="conv-long")
@@ -203,7 +204,9 @@ async def test_one_snapshot_per_settled_tool_cycle_and_no_redundant_final_one(
     assert snapshot.snapshot_index == 3 and _json(snapshot.messages) == _json(result.all_messages())
 
 
-async def test_a_run_without_tools_gets_its_after_run_snapshot(recorder: RecorderProcess, client: RecorderClient) -> None:
+async def test_a_run_without_tools_gets_its_after_run_snapshot(
+    recorder: RecorderProcess, client: RecorderClient
+) -> None:
     result = await echo_agent(recorder.endpoint, calls=0).run("hi", conversation_id="conv-notools")
     (run,) = await client.list_runs(conversation_id="conv-notools")
     snapshot = await client.latest_snapshot(run.run_id)
@@ -326,7 +329,11 @@ async def test_annotations_merge_and_survive_the_terminal_record(
     await agent.run("go", conversation_id="conv-annotate")
     (run,) = await client.list_runs(conversation_id="conv-annotate")
     (effect,) = await client.list_tool_effects(run.run_id)
-    assert (effect.status, effect.idempotency_key, effect.effect_summary) == ("completed", "label-7", "added label 'bug'")
+    assert (effect.status, effect.idempotency_key, effect.effect_summary) == (
+        "completed",
+        "label-7",
+        "added label 'bug'",
+    )
     assert effect.ended_at >= effect.started_at
 
 
@@ -378,10 +385,14 @@ def test_every_write_is_a_durable_operation_with_serialisable_arguments() -> Non
         assert operations[name].ctx_parameter is None  # plain values only: nothing live crosses the boundary
 
 
-async def test_max_snapshots_per_run_is_applied_by_the_recorder(recorder: RecorderProcess, client: RecorderClient) -> None:
+async def test_max_snapshots_per_run_is_applied_by_the_recorder(
+    recorder: RecorderProcess, client: RecorderClient
+) -> None:
     import duckdb
 
-    result = await echo_agent(recorder.endpoint, calls=5, max_snapshots_per_run=2).run("go", conversation_id="conv-keep")
+    result = await echo_agent(recorder.endpoint, calls=5, max_snapshots_per_run=2).run(
+        "go", conversation_id="conv-keep"
+    )
     latest = await client.latest_snapshot(result.run_id)
     assert _json(latest.messages) == _json(result.all_messages())
     recorder.stop()

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessagesTypeAdapter
-
+from steprec.exporter import StepRecorder
 from steprec.query import RecorderClient, continue_run
 from steprec.recorder.process import RecorderProcess
-
-from pydantic_ai import Agent
-
-from steprec.exporter import StepRecorder
 
 from .agents import calls_tool_then_answers, echo_agent
 
@@ -41,7 +38,9 @@ async def test_prune_by_conversation_removes_runs_and_unreferenced_messages(
     assert len(await client.list_runs(conversation_id="conv-old")) == 1  # a dry run removes nothing
 
     removed = _prune(recorder.endpoint, "--conversation", "conv-old")
-    assert {k: removed[k] for k in ("runs", "events", "messages")} == {k: preview[k] for k in ("runs", "events", "messages")}
+    assert {k: removed[k] for k in ("runs", "events", "messages")} == {
+        k: preview[k] for k in ("runs", "events", "messages")
+    }
     assert await client.list_runs(conversation_id="conv-old") == []
     history = await continue_run(client, run_id=kept.run_id)
     assert ModelMessagesTypeAdapter.dump_json(history) == ModelMessagesTypeAdapter.dump_json(kept.all_messages())
@@ -68,7 +67,9 @@ async def test_a_live_run_recovers_when_its_messages_were_pruned(
     # Its next snapshot referred to messages the store no longer had; it was refused, and the
     # exporter sent it whole instead, so the run still ends with a complete resume point.
     snapshot = await client.latest_snapshot(result.run_id)
-    assert ModelMessagesTypeAdapter.dump_json(snapshot.messages) == ModelMessagesTypeAdapter.dump_json(result.all_messages())
+    assert ModelMessagesTypeAdapter.dump_json(snapshot.messages) == ModelMessagesTypeAdapter.dump_json(
+        result.all_messages()
+    )
 
 
 def test_prune_refuses_to_remove_everything(recorder: RecorderProcess) -> None:

@@ -11,7 +11,6 @@ import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
-
 from steprec.proto import wire
 from steprec.recorder.process import RecorderProcess
 from steprec.recorder.store import DuckDBStore
@@ -35,7 +34,9 @@ def _request(sender: int, number: int, records: int = 20) -> logs_service_pb2.Ex
         )
         for i in range(records)
     ]
-    return logs_service_pb2.ExportLogsServiceRequest(resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=log_records)])])
+    return logs_service_pb2.ExportLogsServiceRequest(
+        resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=log_records)])]
+    )
 
 
 class _Load:
@@ -71,9 +72,11 @@ class _Load:
 def _stored_requests(data_dir: Path) -> dict[str, list[int]]:
     store = DuckDBStore(data_dir / "steprec.duckdb")
     try:
-        rows = store.cursor().execute(
-            "SELECT run_id, step_index, count(*) FROM events GROUP BY ALL ORDER BY run_id, step_index"
-        ).fetchall()
+        rows = (
+            store.cursor()
+            .execute("SELECT run_id, step_index, count(*) FROM events GROUP BY ALL ORDER BY run_id, step_index")
+            .fetchall()
+        )
     finally:
         store.close()
     stored: dict[str, list[int]] = {}

@@ -10,7 +10,6 @@ from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.sdk._logs import LoggerProvider, LogRecordProcessor, ReadWriteLogRecord
 from opentelemetry.sdk.resources import Resource
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
-
 from steprec.exporter import _records
 from steprec.exporter._snapshots import SnapshotEncoder
 from steprec.proto import wire

@@ -10,7 +10,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
-
 from steprec.exporter import shutdown_pipelines
 from steprec.query import RecorderClient, RecorderUnavailable
 from steprec.recorder.process import RecorderProcess

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from steprec.recorder.settings import add_arguments, resolve
 
 

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from steprec.recorder import store as store_module
 from steprec.recorder.decode import Lineage, SnapshotRecord, StepEventRecord, ToolEffectRecord
 from steprec.recorder.store import DuckDBStore
@@ -31,7 +30,9 @@ def _digest(text: str) -> bytes:
 
 def _snapshot(index: int, messages: list[str], *, base: int | None, keep: int, send: list[str], state="complete"):
     appended = tuple(_digest(m) for m in messages[keep:])
-    return SnapshotRecord(_lineage(key=f"{index}:{index}:{state}", index=index), index, state, base, keep, appended, send)
+    return SnapshotRecord(
+        _lineage(key=f"{index}:{index}:{state}", index=index), index, state, base, keep, appended, send
+    )
 
 
 @pytest.fixture
@@ -127,7 +128,11 @@ def test_tool_effect_ledger_latest_wins_and_annotations_survive(store: DuckDBSto
 
     store.ingest([effect("started", 0), effect("annotated", 1, idempotency_key="label-9", effect_summary="set")])
     (unresolved,) = store.list_tool_effects("run-1", unresolved_only=True)
-    assert (unresolved["status"], unresolved["idempotency_key"], unresolved["ended_at_ns"]) == ("started", "label-9", None)
+    assert (unresolved["status"], unresolved["idempotency_key"], unresolved["ended_at_ns"]) == (
+        "started",
+        "label-9",
+        None,
+    )
     store.ingest([effect("completed", 2)])
     assert store.list_tool_effects("run-1", unresolved_only=True) == []
     (done,) = store.list_tool_effects("run-1", unresolved_only=False)
@@ -156,7 +161,9 @@ def test_state_survives_reopening_the_file(tmp_path: Path) -> None:
 
 
 def _keyed_snapshot(index: int, key: str, messages: list[str], state: str = "complete") -> SnapshotRecord:
-    return SnapshotRecord(_lineage(key=key, index=index), index, state, None, 0, tuple(_digest(m) for m in messages), messages)
+    return SnapshotRecord(
+        _lineage(key=key, index=index), index, state, None, 0, tuple(_digest(m) for m in messages), messages
+    )
 
 
 def test_retention_keeps_newest_n_newest_overall_and_newest_complete(tmp_path: Path) -> None:

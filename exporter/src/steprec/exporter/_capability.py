@@ -20,18 +20,17 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
-
 from steprec.proto import wire
 from steprec.proto.tls import ClientTLS
 
 from . import _records
 from ._context import active_recording, live_history
+from ._delivery import Delivery
 from ._events import SnapshotSaved
 from ._history import has_model_response, is_settled
 from ._identity import check_run_id, derive_run_id
-from ._records import ErrorText
-from ._delivery import Delivery
 from ._pipeline import DeliveryOptions, RecorderPipeline, default_spool_dir, pipeline_for
+from ._records import ErrorText
 from ._snapshots import SnapshotEncoder
 
 DEFAULT_ENDPOINT = "127.0.0.1:4317"

@@ -85,7 +85,9 @@ class OrderedDeliveryProcessor(LogRecordProcessor):
     def on_emit(self, log_record: ReadWriteLogRecord) -> None:
         with self._cond:
             if self._closed:
-                logger.warning("steprec: record emitted after shutdown was dropped: %s", log_record.log_record.event_name)
+                logger.warning(
+                    "steprec: record emitted after shutdown was dropped: %s", log_record.log_record.event_name
+                )
                 return
             self._pending.append(log_record)
             self._emitted += 1

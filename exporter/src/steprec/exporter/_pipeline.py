@@ -19,7 +19,6 @@ from pathlib import Path
 from opentelemetry._logs import Logger
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.resources import Resource
-
 from steprec.proto import wire
 from steprec.proto.tls import ClientTLS
 

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from opentelemetry._logs import LogRecord, SeverityNumber
-
 from steprec.proto import wire
 
 
@@ -90,7 +89,9 @@ def step_event(
         if value is not None:
             attributes[name] = value
     _add_error(attributes, error)
-    return _record(wire.EVENT_PREFIX + kind, attributes, {wire.BODY_METADATA: dict(scope.metadata)}, error=error is not None)
+    return _record(
+        wire.EVENT_PREFIX + kind, attributes, {wire.BODY_METADATA: dict(scope.metadata)}, error=error is not None
+    )
 
 
 def snapshot(
@@ -152,7 +153,9 @@ def tool_effect(
     return _record(wire.TOOL_EFFECT, attributes, body, error=error is not None)
 
 
-def message_fragment(scope: RunScope, *, step_index: int, digest: str, index: int, count: int, data: bytes) -> LogRecord:
+def message_fragment(
+    scope: RunScope, *, step_index: int, digest: str, index: int, count: int, data: bytes
+) -> LogRecord:
     """One piece of a message too large for one request (see `wire.FRAGMENT_BYTES`)."""
     attributes = scope.attributes(step_index, f"fragment:{digest}:{index}")
     attributes[wire.FRAGMENT_DIGEST] = digest

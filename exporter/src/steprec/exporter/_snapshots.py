@@ -31,7 +31,7 @@ class SnapshotDelta:
 
 def _common_prefix(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1

@@ -43,8 +43,8 @@ def open_for_append(path: Path) -> tuple[BinaryIO, int]:
     """The file opened for appending after its last intact frame, and that frame's sequence (or -1)."""
     last_sequence, intact = -1, 0
     if path.exists():
-        for last_sequence, intact, _ in read_frames(path):
-            pass
+        for frame in read_frames(path):
+            last_sequence, intact, _ = frame
     file = open(path, "ab")  # noqa: SIM115 - the caller owns it
     file.truncate(intact)
     return file, last_sequence

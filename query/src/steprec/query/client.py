@@ -8,10 +8,9 @@ from types import TracebackType
 
 import grpc
 from pydantic_ai.messages import ModelMessagesTypeAdapter
-
 from steprec.proto.query.v1 import query_pb2 as pb
-from steprec.proto.tls import ClientTLS
 from steprec.proto.query.v1 import query_pb2_grpc
+from steprec.proto.tls import ClientTLS
 
 from .types import RunRecord, Snapshot, StepEvent, ToolEffectRecord, from_unix_nano
 
@@ -105,7 +104,9 @@ class RecorderClient:
     async def __aenter__(self) -> RecorderClient:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -132,7 +133,9 @@ class RecorderClient:
         agent_name: str | None = None,
     ) -> list[RunRecord]:
         """Runs matching every given filter, oldest start first (so `[-1]` is the newest)."""
-        request = pb.ListRunsRequest(conversation_id=conversation_id, parent_run_id=parent_run_id, agent_name=agent_name)
+        request = pb.ListRunsRequest(
+            conversation_id=conversation_id, parent_run_id=parent_run_id, agent_name=agent_name
+        )
         return [_run(run) for run in (await self._call(self._stub.ListRuns, request)).runs]
 
     async def list_events(self, run_id: str) -> list[StepEvent]:

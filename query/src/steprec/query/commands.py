@@ -10,7 +10,6 @@ import re
 import time
 
 import grpc
-
 from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
 
 from .client import DEFAULT_ENDPOINT
@@ -44,7 +43,9 @@ async def _prune(options: argparse.Namespace) -> int:
         try:
             result = await admin_pb2_grpc.RecorderAdminStub(channel).Prune(request, timeout=300, metadata=metadata)
         except grpc.aio.AioRpcError as error:
-            raise RuntimeError(f"the recorder at {options.endpoint} answered {error.code().name}: {error.details()}") from None
+            raise RuntimeError(
+                f"the recorder at {options.endpoint} answered {error.code().name}: {error.details()}"
+            ) from None
     counts = {field.name: getattr(result, field.name) for field in result.DESCRIPTOR.fields}
     if options.json:
         print(json.dumps({"dry_run": options.dry_run, **counts}))
@@ -53,7 +54,8 @@ async def _prune(options: argparse.Namespace) -> int:
         print(
             f"{verb} {counts['runs']} runs ({counts['events']} events, {counts['snapshots']} snapshots, "
             f"{counts['tool_effects']} tool effects), {counts['messages']} unreferenced messages "
-            f"({counts['message_bytes']:,} bytes) and {counts['media_blobs']} media blobs ({counts['media_bytes']:,} bytes)"
+            f"({counts['message_bytes']:,} bytes) and {counts['media_blobs']} media blobs "
+            f"({counts['media_bytes']:,} bytes)"
         )
     return 0
 

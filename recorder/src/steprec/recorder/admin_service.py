@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-
 from steprec.proto.admin.v1 import admin_pb2 as pb
 from steprec.proto.admin.v1 import admin_pb2_grpc
 

@@ -54,5 +54,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="record a demo agent end to end and read it back",
         description="Start a recorder on a free loopback port, run demo agents through it, read the runs back.",
     )
-    demo.add_argument("--data", type=Path, default=None, help="keep the recorder's data in this folder (default: a temporary one)")
+    demo.add_argument(
+        "--data", type=Path, default=None, help="keep the recorder's data in this folder (default: a temporary one)"
+    )
     demo.set_defaults(run=_demo)

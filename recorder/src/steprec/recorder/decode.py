@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
-
 from steprec.proto import wire
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -151,7 +150,9 @@ class _Fields:
     def run_id(self, name: str, *, required: bool = False) -> str | None:
         run_id = self.text(name, required=required)
         if run_id is not None and (not _RUN_ID.fullmatch(run_id) or ".." in run_id):
-            raise Malformed("bad_run_id", f"attribute {name} {run_id[:80]!r} is not 1-200 of [A-Za-z0-9_.-] without '..'")
+            raise Malformed(
+                "bad_run_id", f"attribute {name} {run_id[:80]!r} is not 1-200 of [A-Za-z0-9_.-] without '..'"
+            )
         return run_id
 
 
@@ -208,7 +209,9 @@ def _step_event(lineage: Lineage, kind: str, fields: _Fields, body: dict[str, ob
 def _snapshot(lineage: Lineage, fields: _Fields, body: dict[str, object]) -> SnapshotRecord:
     state = fields.text(wire.SNAPSHOT_STATE, required=True)
     if state not in wire.SNAPSHOT_STATES:
-        raise Malformed("bad_attribute", f"attribute {wire.SNAPSHOT_STATE} must be complete or interrupted, got {state!r}")
+        raise Malformed(
+            "bad_attribute", f"attribute {wire.SNAPSHOT_STATE} must be complete or interrupted, got {state!r}"
+        )
     refs = body.get(wire.BODY_APPEND_REFS, b"")
     if not isinstance(refs, bytes) or len(refs) % wire.DIGEST_SIZE:
         raise Malformed("bad_body", f"body.{wire.BODY_APPEND_REFS} must be bytes holding whole 32-byte SHA-256 digests")
@@ -240,7 +243,9 @@ def _snapshot(lineage: Lineage, fields: _Fields, body: dict[str, object]) -> Sna
 def _tool_effect(lineage: Lineage, fields: _Fields, body: dict[str, object]) -> ToolEffectRecord:
     status = fields.text(wire.EFFECT_STATUS, required=True)
     if status not in wire.EFFECT_STATUSES:
-        raise Malformed("bad_attribute", f"attribute {wire.EFFECT_STATUS} must be one of {', '.join(wire.EFFECT_STATUSES)}")
+        raise Malformed(
+            "bad_attribute", f"attribute {wire.EFFECT_STATUS} must be one of {', '.join(wire.EFFECT_STATUSES)}"
+        )
     annotations = {}
     for key in (wire.BODY_EFFECT_IDEMPOTENCY_KEY, wire.BODY_EFFECT_SUMMARY):
         value = body.get(key)

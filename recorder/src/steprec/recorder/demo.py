@@ -1,4 +1,4 @@
-"""`steprec demo`: the whole path, agent -> recorder -> query client -> resumed agent, with nothing running beforehand."""
+"""`steprec demo`: agent -> recorder -> query client -> resumed agent, with nothing running beforehand."""
 
 from __future__ import annotations
 
@@ -6,9 +6,16 @@ import tempfile
 from pathlib import Path
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-
 from steprec.exporter import StepRecorder, shutdown_pipelines
 from steprec.query import RecorderClient, RunRecord, continue_run, fork_run
 
@@ -101,8 +108,7 @@ async def _summary(client: RecorderClient, run: RunRecord) -> str:
     snap = f"{snapshot.state} snapshot of {len(snapshot.messages)} messages" if snapshot else "no snapshot"
     error = next((e.error for e in events if e.kind == "run_failed"), None)
     line = (
-        f"  {run.agent_name:<10} {run.outcome:<9} {duration:7.1f} ms  {len(events):2d} events  "
-        f"tools: {tools}  {snap}"
+        f"  {run.agent_name:<10} {run.outcome:<9} {duration:7.1f} ms  {len(events):2d} events  tools: {tools}  {snap}"
     )
     return line + (f"\n             error: {error}" if error else "")
 

@@ -42,7 +42,9 @@ class LogsIngest:
         )
         return grpc.method_handlers_generic_handler(_SERVICE, {"Export": export})
 
-    async def export(self, payload: bytes, context: grpc.aio.ServicerContext) -> logs_service_pb2.ExportLogsServiceResponse:
+    async def export(
+        self, payload: bytes, context: grpc.aio.ServicerContext
+    ) -> logs_service_pb2.ExportLogsServiceResponse:
         try:
             request = logs_service_pb2.ExportLogsServiceRequest.FromString(payload)
         except DecodeError as error:

@@ -41,11 +41,18 @@ class Metrics:
             *_metric("steprec_export_requests_total", "counter", "OTLP Export calls answered", self.export_requests),
             *_metric("steprec_records_received_total", "counter", "log records received", self.records_received),
             *_metric("steprec_records_accepted_total", "counter", "records written to the log", self.records_accepted),
-            *_metric("steprec_records_suppressed_total", "counter", "replays suppressed by key", self.records_suppressed),
+            *_metric(
+                "steprec_records_suppressed_total", "counter", "replays suppressed by key", self.records_suppressed
+            ),
             "# HELP steprec_records_rejected_total records refused, by reason",
             "# TYPE steprec_records_rejected_total counter",
-            *(f'steprec_records_rejected_total{{reason="{code}"}} {n}' for code, n in sorted(self.records_rejected.items())),
-            *_metric("steprec_ingest_seconds_total", "counter", "time spent validating and logging", self.ingest_seconds),
+            *(
+                f'steprec_records_rejected_total{{reason="{code}"}} {n}'
+                for code, n in sorted(self.records_rejected.items())
+            ),
+            *_metric(
+                "steprec_ingest_seconds_total", "counter", "time spent validating and logging", self.ingest_seconds
+            ),
             *_metric("steprec_apply_batches_total", "counter", "DuckDB transactions applied", self.apply_batches),
             *_metric("steprec_apply_seconds_total", "counter", "time spent in DuckDB transactions", self.apply_seconds),
             *_metric("steprec_apply_failures_total", "counter", "DuckDB transactions that failed", self.apply_failures),
@@ -79,10 +86,11 @@ async def serve_metrics(listen: str, render, token: str | None) -> asyncio.Serve
             payload = body.encode()
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+                + payload
             )
             await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass
         finally:
             writer.close()

@@ -28,7 +28,16 @@ class RecorderProcess:
 
     def start(self, timeout: float = 30.0) -> RecorderProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "steprec.recorder", "serve", "--listen", self.listen, "--data", str(self.data_dir)]
+        command = [
+            sys.executable,
+            "-m",
+            "steprec.recorder",
+            "serve",
+            "--listen",
+            self.listen,
+            "--data",
+            str(self.data_dir),
+        ]
         log = open(self.log_path, "a")  # noqa: SIM115 - the child owns it for its lifetime
         self.process = subprocess.Popen(
             [*command, *self.extra_args], stdout=subprocess.PIPE, stderr=log, text=True, env=os.environ.copy()

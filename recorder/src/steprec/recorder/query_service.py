@@ -6,7 +6,6 @@ import asyncio
 import re
 
 import grpc
-
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 
@@ -128,7 +127,9 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
             timestamp_unix_nano=info_row["at_ns"],
             message_count=info_row["message_count"],
         )
-        _optional(info, **{k: info_row[k] for k in ("conversation_id", "parent_run_id", "agent_name", "idempotency_key")})
+        _optional(
+            info, **{k: info_row[k] for k in ("conversation_id", "parent_run_id", "agent_name", "idempotency_key")}
+        )
         chunk, size = pb.SnapshotChunk(info=info), 0
         for message in messages:
             encoded = message.encode()

@@ -2,7 +2,7 @@
 
 Ingest is sequential (one lock): each request's records are checked against
 per-run state (registration, applied keys, the last snapshot's references),
-turned into one Arrow table per table, appended to the write-ahead log, and
+staged column-wise (`batch.py`), appended to the write-ahead log, and
 acknowledged. One applier thread moves everything pending into DuckDB in a
 single transaction per round, so commits are few and large however many
 agents send. Reads first wait until everything acknowledged before them is
@@ -18,19 +18,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import marshal
 import os
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-
 from steprec.proto import wire
 
+from .batch import Batch, entry_parts, insert, to_arrow
 from .decode import (
     Malformed,
     MessageFragmentRecord,
@@ -44,6 +43,7 @@ from .digests import DigestFilter
 from .media import DEFAULT_THRESHOLD, MediaCodec, MediaStore, referenced_uris
 from .media import MARKER as MEDIA_MARKER
 from .metrics import Metrics
+from .run_state import RunState, retained_snapshots, split_refs
 from .schema import migrate
 from .wal import WriteAheadLog
 
@@ -61,90 +61,6 @@ APPLY_BATCH_ENTRIES = 4096
 FULL_REFS_EVERY = 32
 """A snapshot stores its whole reference list after this many deltas, bounding the chain a read walks."""
 
-_TS = pa.timestamp("ns", tz="UTC")
-_TEXT = pa.string()
-_INT = pa.int64()
-_META = pa.map_(pa.string(), pa.string())
-
-_COLUMNS: dict[str, dict[str, pa.DataType]] = {
-    "runs": {
-        "write_seq": _INT, "run_id": _TEXT, "registration_id": _TEXT, "conversation_id": _TEXT,
-        "parent_run_id": _TEXT, "agent_name": _TEXT, "metadata": _META, "started_at": _TS,
-        "max_snapshots": _INT, "trace_id": _TEXT, "span_id": _TEXT,
-    },
-    "events": {
-        "write_seq": _INT, "run_id": _TEXT, "kind": _TEXT, "step_index": _INT, "recorded_at": _TS,
-        "conversation_id": _TEXT, "parent_run_id": _TEXT, "agent_name": _TEXT, "tool_call_id": _TEXT,
-        "tool_name": _TEXT, "error": _TEXT, "metadata": _META, "idempotency_key": _TEXT,
-        "trace_id": _TEXT, "span_id": _TEXT,
-    },
-    "messages": {"digest": pa.binary(), "body": _TEXT, "size_bytes": _INT},
-    "message_fragments": {"digest": pa.binary(), "fragment_index": _INT, "fragment_count": _INT, "data": pa.binary()},
-    "snapshots": {
-        "write_seq": _INT, "run_id": _TEXT, "snapshot_index": _INT, "step_index": _INT, "state": _TEXT,
-        "recorded_at": _TS, "conversation_id": _TEXT, "parent_run_id": _TEXT, "agent_name": _TEXT,
-        "idempotency_key": _TEXT, "base_index": _INT, "keep": _INT, "refs": pa.binary(),
-        "message_count": _INT, "trace_id": _TEXT, "span_id": _TEXT,
-    },
-    "tool_effects": {
-        "write_seq": _INT, "run_id": _TEXT, "tool_call_id": _TEXT, "tool_name": _TEXT, "status": _TEXT,
-        "recorded_at": _TS, "step_index": _INT, "error": _TEXT, "idempotency_key": _TEXT, "effect_summary": _TEXT,
-        "record_key": _TEXT, "trace_id": _TEXT, "span_id": _TEXT,
-    },
-}  # fmt: skip
-
-
-class _Batch:
-    """Rows of one transaction, kept column-wise and written as one Arrow table per table."""
-
-    def __init__(self) -> None:
-        self.columns = {table: {name: [] for name in columns} for table, columns in _COLUMNS.items()}
-        self.assembled: list[bytes] = []
-        """Digests whose fragments became a whole message in this batch; their pieces are deleted."""
-        self.pruned: list[int] = []
-        """`write_seq`s of snapshots retention dropped: their references are cleared, their keys kept."""
-
-    def add(self, table: str, **values: object) -> None:
-        for name, column in self.columns[table].items():
-            column.append(values.get(name))
-
-    def __bool__(self) -> bool:
-        return bool(self.pruned) or any(next(iter(columns.values())) for columns in self.columns.values())
-
-    def encode(self) -> bytes:
-        """A write-ahead log entry. `marshal` is the fastest codec for these plain values, and the
-        log is the recorder's own owner-only, checksummed file, never input from outside."""
-        tables = {t: c for t, c in self.columns.items() if next(iter(c.values()))}
-        return marshal.dumps((tables, self.assembled, self.pruned))
-
-
-def _entry_parts(entry: bytes | _Batch) -> tuple[dict[str, dict[str, list]], list[bytes], list[int]]:
-    return marshal.loads(entry) if isinstance(entry, bytes) else (entry.columns, entry.assembled, entry.pruned)
-
-
-def _to_arrow(entries: list[bytes | _Batch]) -> dict[str, pa.Table]:
-    """Merge logged entries into one Arrow table per table: the columnar batch DuckDB ingests."""
-    merged: dict[str, dict[str, list]] = {}
-    for entry in entries:
-        columns_by_table, _, _ = _entry_parts(entry)
-        for table, columns in columns_by_table.items():
-            target = merged.setdefault(table, {name: [] for name in _COLUMNS[table]})
-            for name, values in columns.items():
-                target[name].extend(values)
-    return {
-        table: pa.table({name: pa.array(values, _COLUMNS[table][name]) for name, values in columns.items()})
-        for table, columns in merged.items()
-        if next(iter(columns.values()))
-    }
-
-
-def _insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> None:
-    for name, table in tables.items():
-        cursor.register("staged_rows", table)
-        cursor.execute(f"INSERT INTO {name} BY NAME SELECT * FROM staged_rows")
-        cursor.unregister("staged_rows")
-
-
 MAX_ASSEMBLY_BYTES = 1 << 30
 """Unfinished large messages the recorder holds in memory at most (1 GiB)."""
 
@@ -157,70 +73,6 @@ def _json_object_text(data: bytes) -> str:
     except ValueError:
         pass
     raise Malformed("bad_body", "a reassembled message is not a UTF-8 JSON object")
-
-
-def _snapshot_key_sequence(key: str) -> int | None:
-    """The `<int>:` prefix of a snapshot key, which StepRecorder makes monotonic per run."""
-    prefix, separator, _ = key.partition(":")
-    if not separator or not prefix.isdigit():
-        return None
-    return int(prefix)
-
-
-def _split_refs(blob: bytes) -> tuple[bytes, ...]:
-    return tuple(blob[i : i + wire.DIGEST_SIZE] for i in range(0, len(blob), wire.DIGEST_SIZE))
-
-
-@dataclass
-class _RunState:
-    """What ingest must know about a run to accept, suppress or refuse its next record."""
-
-    registration_id: str | None = None
-    max_snapshots: int | None = None
-    event_keys: set[str] = field(default_factory=set)
-    effect_keys: set[str] = field(default_factory=set)
-    retained: list[tuple[int, str, str | None]] = field(default_factory=list)
-    """`(write_seq, state, key)` of the run's retained snapshots, oldest first."""
-    high_water: int | None = None
-    high_water_keys: set[str] = field(default_factory=set)
-    last_index: int | None = None
-    last_refs: tuple[bytes, ...] = ()
-    chain_depth: int = 0
-    known_digests: set[bytes] = field(default_factory=set)
-
-    def seen_snapshot_key(self, key: str) -> bool:
-        """The reference stores' rule: an `<int>:` key at or below the high-water mark, or any retained key.
-
-        The mark counts pruned snapshots too, so pruning never lets an old replay back in; other
-        keys suppress only while a snapshot carrying them is retained.
-        """
-        sequence = _snapshot_key_sequence(key)
-        if sequence is not None and self.high_water is not None:
-            if sequence < self.high_water or (sequence == self.high_water and key in self.high_water_keys):
-                return True
-        return any(retained_key == key for _, _, retained_key in self.retained)
-
-    def note_snapshot_key(self, key: str) -> None:
-        sequence = _snapshot_key_sequence(key)
-        if sequence is None:
-            return
-        if self.high_water is None or sequence > self.high_water:
-            self.high_water, self.high_water_keys = sequence, {key}
-        elif sequence == self.high_water:
-            self.high_water_keys.add(key)
-
-
-def retained_snapshots(snapshots: list[tuple[int, str, str | None]], keep: int) -> set[int]:
-    """The reference's retention rule: the newest `keep`, plus the newest overall and the newest complete.
-
-    The last two keep both read modes served even when the newest `keep` are all interrupted.
-    """
-    retained = {seq for seq, _, _ in snapshots[-keep:]}
-    retained.add(snapshots[-1][0])
-    complete = [seq for seq, state, _ in snapshots if state == "complete"]
-    if complete:
-        retained.add(complete[-1])
-    return retained
 
 
 class DuckDBStore:
@@ -244,7 +96,7 @@ class DuckDBStore:
             os.chmod(path, 0o600)
         migrate(self._connection)
         self._write_lock = threading.Lock()
-        self._states: dict[str, _RunState] = {}
+        self._states: dict[str, RunState] = {}
         self._default_max_snapshots = max_snapshots_per_run
         self._media = MediaCodec(MediaStore(path.parent / "media", fsync=fsync), threshold=media_threshold)
         self.metrics = Metrics()
@@ -254,17 +106,20 @@ class DuckDBStore:
         self._wal.skip_to(self._applied)
         self._recover()
         self._cond = threading.Condition()
-        self._pending: list[tuple[int, _Batch, set[bytes]]] = []
+        self._pending: list[tuple[int, Batch, set[bytes]]] = []
         self._pending_digests: set[bytes] = set()
         self._closing = False
         self._readers_waiting = 0
         self._applier = threading.Thread(target=self._apply_forever, name="steprec-applier", daemon=True)
         self._applier.start()
         self._digests = self._load_digest_filter()
-        self._next_seq = 1 + self._connection.execute(
-            "SELECT greatest((SELECT max(write_seq) FROM runs), (SELECT max(write_seq) FROM events),"
-            " (SELECT max(write_seq) FROM snapshots), (SELECT max(write_seq) FROM tool_effects), 0)"
-        ).fetchone()[0]
+        self._next_seq = (
+            1
+            + self._connection.execute(
+                "SELECT greatest((SELECT max(write_seq) FROM runs), (SELECT max(write_seq) FROM events),"
+                " (SELECT max(write_seq) FROM snapshots), (SELECT max(write_seq) FROM tool_effects), 0)"
+            ).fetchone()[0]
+        )
 
     def close(self) -> None:
         """Apply everything acknowledged, then close the log and the database."""
@@ -293,14 +148,14 @@ class DuckDBStore:
         if entries:
             logger.info("recovered %d acknowledged requests from the write-ahead log", len(entries))
 
-    def _apply(self, entries: list[tuple[int, bytes | _Batch, set[bytes]]]) -> None:
-        tables = _to_arrow([entry for _, entry, _ in entries])
-        assembled = [digest for _, entry, _ in entries for digest in _entry_parts(entry)[1]]
-        pruned = [seq for _, entry, _ in entries for seq in _entry_parts(entry)[2]]
+    def _apply(self, entries: list[tuple[int, bytes | Batch, set[bytes]]]) -> None:
+        tables = to_arrow([entry for _, entry, _ in entries])
+        assembled = [digest for _, entry, _ in entries for digest in entry_parts(entry)[1]]
+        pruned = [seq for _, entry, _ in entries for seq in entry_parts(entry)[2]]
         cursor = self._connection.cursor()
         try:
             cursor.execute("BEGIN")
-            _insert(cursor, tables)
+            insert(cursor, tables)
             if assembled:  # the whole message is in `messages` now; its pieces are redundant
                 cursor.execute("DELETE FROM message_fragments WHERE list_contains(?, digest)", [assembled])
             if pruned:
@@ -337,7 +192,9 @@ class DuckDBStore:
                 self._apply(entries)
             except Exception:
                 self.metrics.apply_failures += 1
-                logger.exception("applying %d logged requests to DuckDB failed; retrying in %.2fs", len(entries), backoff)
+                logger.exception(
+                    "applying %d logged requests to DuckDB failed; retrying in %.2fs", len(entries), backoff
+                )
                 with self._cond:
                     self._pending = entries + self._pending
                 time.sleep(backoff)
@@ -401,7 +258,9 @@ class DuckDBStore:
                 cursor.execute("DELETE FROM messages WHERE digest NOT IN (SELECT digest FROM referenced)")
                 cursor.unregister("referenced")
                 blobs_in_use = set()
-                for (body,) in cursor.execute("SELECT body FROM messages WHERE contains(body, ?)", [MEDIA_MARKER]).fetchall():
+                for (body,) in cursor.execute(
+                    "SELECT body FROM messages WHERE contains(body, ?)", [MEDIA_MARKER]
+                ).fetchall():
                     blobs_in_use |= referenced_uris(body)
                 cursor.execute("ROLLBACK" if dry_run else "COMMIT")
             except BaseException:
@@ -444,7 +303,7 @@ class DuckDBStore:
                 self._wait_applied(self._wal.last_sequence)
                 self._digests = self._load_digest_filter()
             cursor = self._connection.cursor()  # sees only applied rows; state covers the rest
-            batch = _Batch()
+            batch = Batch()
             refusals: list[Refusal] = []
             suppressed = 0
             staged_digests: set[bytes] = set()
@@ -486,10 +345,10 @@ class DuckDBStore:
         self._next_seq += 1
         return self._next_seq - 1
 
-    def _state(self, cursor: duckdb.DuckDBPyConnection, run_id: str) -> _RunState:
+    def _state(self, cursor: duckdb.DuckDBPyConnection, run_id: str) -> RunState:
         if (state := self._states.get(run_id)) is not None:
             return state
-        state = _RunState()
+        state = RunState()
         row = cursor.execute(
             "SELECT registration_id, max_snapshots FROM runs WHERE run_id = ? LIMIT 1", [run_id]
         ).fetchone()
@@ -542,7 +401,7 @@ class DuckDBStore:
             "span_id": lineage.span_id,
         }
 
-    def _stage_event(self, record: StepEventRecord, state: _RunState, batch: _Batch) -> bool:
+    def _stage_event(self, record: StepEventRecord, state: RunState, batch: Batch) -> bool:
         lineage = record.lineage
         if record.kind == "run_started":
             if state.registration_id is not None and state.registration_id != record.registration_id:
@@ -584,7 +443,7 @@ class DuckDBStore:
         self,
         cursor: duckdb.DuckDBPyConnection,
         record: MessageFragmentRecord,
-        batch: _Batch,
+        batch: Batch,
         staged_digests: set[bytes],
     ) -> bool:
         """Keep a piece of a large message; when the last piece is in, store the message whole."""
@@ -619,7 +478,7 @@ class DuckDBStore:
         self._digests.add(digest)
         return True
 
-    def _stage_tool_effect(self, record: ToolEffectRecord, state: _RunState, batch: _Batch) -> bool:
+    def _stage_tool_effect(self, record: ToolEffectRecord, state: RunState, batch: Batch) -> bool:
         key = record.lineage.idempotency_key
         if key is not None:
             if key in state.effect_keys:
@@ -644,8 +503,8 @@ class DuckDBStore:
         self,
         cursor: duckdb.DuckDBPyConnection,
         record: SnapshotRecord,
-        state: _RunState,
-        batch: _Batch,
+        state: RunState,
+        batch: Batch,
         staged_digests: set[bytes],
     ) -> bool:
         key = record.lineage.idempotency_key
@@ -744,7 +603,7 @@ class DuckDBStore:
             index = by_index[index][0]
         refs: tuple[bytes, ...] = ()
         for _, keep, blob in reversed(chain):
-            refs = refs[:keep] + _split_refs(blob)
+            refs = refs[:keep] + split_refs(blob)
         return refs
 
     def read_snapshot(self, run_id: str, *, include_interrupted: bool) -> tuple[dict, list[str]] | None:
@@ -875,7 +734,7 @@ class DuckDBStore:
 
 def _dicts(result: duckdb.DuckDBPyConnection) -> list[dict]:
     names = [d[0] for d in result.description]
-    return [dict(zip(names, row)) for row in result.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
 
 
 @dataclass(frozen=True)
@@ -895,5 +754,5 @@ def _referenced_digests(cursor: duckdb.DuckDBPyConnection) -> set[bytes]:
     referenced: set[bytes] = set()
     for batch in cursor.execute("SELECT refs FROM snapshots WHERE NOT pruned").to_arrow_reader():
         for blob in batch.column(0).to_pylist():
-            referenced.update(_split_refs(blob))
+            referenced.update(split_refs(blob))
     return referenced

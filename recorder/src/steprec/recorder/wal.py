@@ -72,7 +72,7 @@ class WriteAheadLog:
         if applied >= self.last_sequence and self._file.tell() >= ROTATE_BYTES:
             self._start_segment(self.last_sequence + 1)
         segments = self._segments()
-        for segment, following in zip(segments, segments[1:]):
+        for segment, following in zip(segments, segments[1:], strict=False):
             if _first_sequence(following) - 1 <= applied:
                 segment.unlink()
 

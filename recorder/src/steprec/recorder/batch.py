@@ -1,0 +1,96 @@
+"""A transaction's rows, staged column-wise: what the write-ahead log holds and what DuckDB ingests.
+
+Ingest appends plain Python values per column (cheap on the acknowledgement
+path); the applier turns many staged batches into one Arrow table per table,
+the columnar batch DuckDB inserts in a single statement.
+"""
+
+from __future__ import annotations
+
+import marshal
+
+import duckdb
+import pyarrow as pa
+
+_TS = pa.timestamp("ns", tz="UTC")
+_TEXT = pa.string()
+_INT = pa.int64()
+_META = pa.map_(pa.string(), pa.string())
+
+_COLUMNS: dict[str, dict[str, pa.DataType]] = {
+    "runs": {
+        "write_seq": _INT, "run_id": _TEXT, "registration_id": _TEXT, "conversation_id": _TEXT,
+        "parent_run_id": _TEXT, "agent_name": _TEXT, "metadata": _META, "started_at": _TS,
+        "max_snapshots": _INT, "trace_id": _TEXT, "span_id": _TEXT,
+    },
+    "events": {
+        "write_seq": _INT, "run_id": _TEXT, "kind": _TEXT, "step_index": _INT, "recorded_at": _TS,
+        "conversation_id": _TEXT, "parent_run_id": _TEXT, "agent_name": _TEXT, "tool_call_id": _TEXT,
+        "tool_name": _TEXT, "error": _TEXT, "metadata": _META, "idempotency_key": _TEXT,
+        "trace_id": _TEXT, "span_id": _TEXT,
+    },
+    "messages": {"digest": pa.binary(), "body": _TEXT, "size_bytes": _INT},
+    "message_fragments": {"digest": pa.binary(), "fragment_index": _INT, "fragment_count": _INT, "data": pa.binary()},
+    "snapshots": {
+        "write_seq": _INT, "run_id": _TEXT, "snapshot_index": _INT, "step_index": _INT, "state": _TEXT,
+        "recorded_at": _TS, "conversation_id": _TEXT, "parent_run_id": _TEXT, "agent_name": _TEXT,
+        "idempotency_key": _TEXT, "base_index": _INT, "keep": _INT, "refs": pa.binary(),
+        "message_count": _INT, "trace_id": _TEXT, "span_id": _TEXT,
+    },
+    "tool_effects": {
+        "write_seq": _INT, "run_id": _TEXT, "tool_call_id": _TEXT, "tool_name": _TEXT, "status": _TEXT,
+        "recorded_at": _TS, "step_index": _INT, "error": _TEXT, "idempotency_key": _TEXT, "effect_summary": _TEXT,
+        "record_key": _TEXT, "trace_id": _TEXT, "span_id": _TEXT,
+    },
+}  # fmt: skip
+
+
+class Batch:
+    """Rows of one transaction, kept column-wise and written as one Arrow table per table."""
+
+    def __init__(self) -> None:
+        self.columns = {table: {name: [] for name in columns} for table, columns in _COLUMNS.items()}
+        self.assembled: list[bytes] = []
+        """Digests whose fragments became a whole message in this batch; their pieces are deleted."""
+        self.pruned: list[int] = []
+        """`write_seq`s of snapshots retention dropped: their references are cleared, their keys kept."""
+
+    def add(self, table: str, **values: object) -> None:
+        for name, column in self.columns[table].items():
+            column.append(values.get(name))
+
+    def __bool__(self) -> bool:
+        return bool(self.pruned) or any(next(iter(columns.values())) for columns in self.columns.values())
+
+    def encode(self) -> bytes:
+        """A write-ahead log entry. `marshal` is the fastest codec for these plain values, and the
+        log is the recorder's own owner-only, checksummed file, never input from outside."""
+        tables = {t: c for t, c in self.columns.items() if next(iter(c.values()))}
+        return marshal.dumps((tables, self.assembled, self.pruned))
+
+
+def entry_parts(entry: bytes | Batch) -> tuple[dict[str, dict[str, list]], list[bytes], list[int]]:
+    return marshal.loads(entry) if isinstance(entry, bytes) else (entry.columns, entry.assembled, entry.pruned)
+
+
+def to_arrow(entries: list[bytes | Batch]) -> dict[str, pa.Table]:
+    """Merge logged entries into one Arrow table per table: the columnar batch DuckDB ingests."""
+    merged: dict[str, dict[str, list]] = {}
+    for entry in entries:
+        columns_by_table, _, _ = entry_parts(entry)
+        for table, columns in columns_by_table.items():
+            target = merged.setdefault(table, {name: [] for name in _COLUMNS[table]})
+            for name, values in columns.items():
+                target[name].extend(values)
+    return {
+        table: pa.table({name: pa.array(values, _COLUMNS[table][name]) for name, values in columns.items()})
+        for table, columns in merged.items()
+        if next(iter(columns.values()))
+    }
+
+
+def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> None:
+    for name, table in tables.items():
+        cursor.register("staged_rows", table)
+        cursor.execute(f"INSERT INTO {name} BY NAME SELECT * FROM staged_rows")
+        cursor.unregister("staged_rows")
