@@ -20,7 +20,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import FunctionModel
 from steprec.exporter import StepRecorder, shutdown_pipelines
 from steprec.query import RecorderClient, continue_run
-from steprec.recorder.media import MARKER, MediaCodec, MediaStore
+from steprec.recorder.media import MARKER, LocalMediaStore, MediaCodec
 from steprec.recorder.process import RecorderProcess
 
 
@@ -29,7 +29,7 @@ def _json(messages) -> bytes:
 
 
 def test_codec_round_trips_binary_large_text_and_look_alike_caller_data(tmp_path: Path) -> None:
-    codec = MediaCodec(MediaStore(tmp_path / "media"), threshold=1000)
+    codec = MediaCodec(LocalMediaStore(tmp_path / "media"), threshold=1000)
     messages = [
         ModelRequest(parts=[UserPromptPart(["look", BinaryContent(data=os.urandom(300), media_type="image/png")])]),
         ModelRequest(parts=[ToolReturnPart("read", "y" * 5000, tool_call_id="c1")]),

@@ -23,6 +23,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Protocol
 
 URI_PREFIX = "media+sha256://"
 MARKER = "__steprec_media__"
@@ -32,7 +33,24 @@ _TEXT_KINDS = ("text-content", "structured-content")
 _URI = re.compile(r"media\+sha256://([0-9a-f]{64})")
 
 
-class MediaStore:
+class MediaStore(Protocol):
+    """Where blobs live: `put` returns the blob's URI, `get` its bytes, `collect_garbage` prunes."""
+
+    def put(self, data: bytes) -> str: ...
+
+    def get(self, uri: str) -> bytes: ...
+
+    def collect_garbage(self, referenced: set[str]) -> tuple[int, int]: ...
+
+
+def _hex_of(uri: str) -> str:
+    match = _URI.fullmatch(uri)
+    if match is None:
+        raise ValueError(f"{uri[:100]!r} is not a media+sha256:// URI")
+    return match[1]
+
+
+class LocalMediaStore:
     """Blobs on local disk under `<data>/media/<first two hex digits>/<hex>`."""
 
     def __init__(self, folder: Path, *, fsync: bool = False) -> None:
@@ -58,10 +76,7 @@ class MediaStore:
         return URI_PREFIX + hex_digest
 
     def get(self, uri: str) -> bytes:
-        match = _URI.fullmatch(uri)
-        if match is None:
-            raise ValueError(f"{uri[:100]!r} is not a media+sha256:// URI")
-        return self._path(match[1]).read_bytes()
+        return self._path(_hex_of(uri)).read_bytes()
 
     def collect_garbage(self, referenced: set[str]) -> tuple[int, int]:
         """Delete blobs whose URI is not in `referenced`; returns (count, bytes) removed."""
@@ -72,6 +87,61 @@ class MediaStore:
                 path.unlink()
                 count += 1
         return count, size
+
+
+class S3MediaStore:
+    """Blobs in an S3-compatible bucket as `<prefix>/<hex>`; a PUT is atomic, so no temporary object."""
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None) -> None:
+        import boto3  # only a recorder that uses S3 pays for importing it
+
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        if not bucket:
+            raise ValueError(f"{url!r} names no bucket; expected s3://bucket/prefix")
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self._s3 = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+        self._s3.head_bucket(Bucket=bucket)  # fail at start, with the reason, not at the first image
+
+    def _key(self, hex_digest: str) -> str:
+        return f"{self.prefix}/{hex_digest}" if self.prefix else hex_digest
+
+    def put(self, data: bytes) -> str:
+        hex_digest = hashlib.sha256(data).hexdigest()
+        key = self._key(hex_digest)
+        try:
+            self._s3.head_object(Bucket=self.bucket, Key=key)
+        except self._s3.exceptions.ClientError:
+            self._s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+        return URI_PREFIX + hex_digest
+
+    def get(self, uri: str) -> bytes:
+        return self._s3.get_object(Bucket=self.bucket, Key=self._key(_hex_of(uri)))["Body"].read()
+
+    def collect_garbage(self, referenced: set[str]) -> tuple[int, int]:
+        count = size = 0
+        pages = self._s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else ""
+        )
+        for page in pages:
+            doomed = [
+                item for item in page.get("Contents", [])
+                if _URI.fullmatch(URI_PREFIX + item["Key"].rsplit("/", 1)[-1])
+                and URI_PREFIX + item["Key"].rsplit("/", 1)[-1] not in referenced
+            ]  # fmt: skip
+            if doomed:
+                self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": i["Key"]} for i in doomed]})
+                count += len(doomed)
+                size += sum(item["Size"] for item in doomed)
+        return count, size
+
+
+def open_media_store(
+    location: str | None, data_dir: Path, *, fsync: bool, endpoint_url: str | None, region: str | None
+) -> MediaStore:
+    """`s3://bucket/prefix` for S3-compatible storage, a folder path, or None for `<data>/media`."""
+    if location and location.startswith("s3://"):
+        return S3MediaStore(location, endpoint_url=endpoint_url, region=region)
+    return LocalMediaStore(Path(location) if location else data_dir / "media", fsync=fsync)
 
 
 def referenced_uris(body: str) -> set[str]:

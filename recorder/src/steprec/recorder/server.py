@@ -17,7 +17,7 @@ from steprec.proto.query.v1 import query_pb2, query_pb2_grpc
 from .admin_service import RecorderAdmin
 from .auth import TokenAuth
 from .ingest import LogsIngest
-from .media import DEFAULT_THRESHOLD
+from .media import DEFAULT_THRESHOLD, open_media_store
 from .metrics import serve_metrics
 from .query_service import RecorderQuery
 from .store import DuckDBStore
@@ -40,6 +40,10 @@ class ServeOptions:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     """With a client CA, clients must present a certificate it signed (mutual TLS)."""
+    media: str | None = None
+    """Where media blobs go: `s3://bucket/prefix`, a folder, or None for `<data>/media`."""
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
     media_threshold: int = DEFAULT_THRESHOLD
     """String parts of this many bytes or more are stored as media blobs (BinaryContent always is)."""
     metrics_listen: str | None = None
@@ -69,6 +73,13 @@ class Recorder:
             fsync=options.fsync,
             max_snapshots_per_run=options.max_snapshots_per_run,
             media_threshold=options.media_threshold,
+            media_store=open_media_store(
+                options.media,
+                options.data_dir,
+                fsync=options.fsync,
+                endpoint_url=options.s3_endpoint_url,
+                region=options.s3_region,
+            ),
         )
         interceptors = [TokenAuth(options.token)] if options.token else []
         self._server = grpc.aio.server(interceptors=interceptors)

@@ -76,6 +76,11 @@ SETTINGS = (
             "survive power loss too (without it they survive any crash of the recorder process)"),
     Setting("max_snapshots_per_run", positive_int, None, "keep at most N snapshots per run (plus the newest and "
             "the newest complete) unless the run asks for its own bound; none keeps all"),
+    Setting("media", str, None, "where media blobs go: s3://bucket/prefix (S3-compatible; credentials from the "
+            "usual AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment or AWS config) or a folder; "
+            "none: <data>/media"),
+    Setting("s3_endpoint_url", str, None, "S3 endpoint for non-AWS storage, e.g. http://127.0.0.1:9000"),
+    Setting("s3_region", str, None, "S3 region (else the AWS configuration's)"),
     Setting("media_threshold", positive_int, 64 * 1024, "string parts of this many bytes or more are stored "
             "once as media+sha256:// blobs under <data>/media (BinaryContent always is)"),
     Setting("token_file", readable_file, None, "require 'authorization: Bearer <token>' on every call but health "

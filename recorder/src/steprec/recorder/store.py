@@ -40,7 +40,7 @@ from .decode import (
     ToolEffectRecord,
 )
 from .digests import DigestFilter
-from .media import DEFAULT_THRESHOLD, MediaCodec, MediaStore, referenced_uris
+from .media import DEFAULT_THRESHOLD, LocalMediaStore, MediaCodec, MediaStore, referenced_uris
 from .media import MARKER as MEDIA_MARKER
 from .metrics import Metrics
 from .run_state import RunState, retained_snapshots, split_refs
@@ -85,6 +85,7 @@ class DuckDBStore:
         fsync: bool = False,
         max_snapshots_per_run: int | None = None,
         media_threshold: int = DEFAULT_THRESHOLD,
+        media_store: MediaStore | None = None,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         new = not path.exists()
@@ -98,7 +99,8 @@ class DuckDBStore:
         self._write_lock = threading.Lock()
         self._states: dict[str, RunState] = {}
         self._default_max_snapshots = max_snapshots_per_run
-        self._media = MediaCodec(MediaStore(path.parent / "media", fsync=fsync), threshold=media_threshold)
+        media_store = media_store or LocalMediaStore(path.parent / "media", fsync=fsync)
+        self._media = MediaCodec(media_store, threshold=media_threshold)
         self.metrics = Metrics()
         self._fragments: dict[bytes, dict[int, bytes]] = {}
         self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
