@@ -92,7 +92,6 @@ _MIGRATIONS: dict[int, str] = {
     INSERT INTO steprec_wal VALUES (0);
     CREATE INDEX runs_run_id ON runs (run_id);
     CREATE INDEX events_run_id ON events (run_id);
-    CREATE INDEX messages_digest ON messages (digest);
     CREATE INDEX snapshots_run_id ON snapshots (run_id);
     CREATE INDEX tool_effects_run_id ON tool_effects (run_id);
     """,
