@@ -38,14 +38,15 @@ def test_codec_round_trips_binary_large_text_and_look_alike_caller_data(tmp_path
     ]
     for message in messages:
         original = ModelMessagesTypeAdapter.dump_json([message])[1:-1].decode()
-        stored = codec.externalize(original)
+        stored, _ = codec.externalize(original)
         restored = codec.restore(stored)
         assert _json(ModelMessagesTypeAdapter.validate_json(f"[{restored}]")) == _json([message])
     binary_original = ModelMessagesTypeAdapter.dump_json(messages[:1])[1:-1].decode()
-    binary_stored = codec.externalize(binary_original)
+    binary_stored, offloaded = codec.externalize(binary_original)
     data = json.loads(binary_original)["parts"][0]["content"][1]["data"]
     assert MARKER in binary_stored and data not in binary_stored
-    text_stored = codec.externalize(ModelMessagesTypeAdapter.dump_json(messages[1:2])[1:-1].decode())
+    assert [size for _, size in offloaded] == [300]
+    text_stored, _ = codec.externalize(ModelMessagesTypeAdapter.dump_json(messages[1:2])[1:-1].decode())
     assert "yyyy" not in text_stored
     assert len(list((tmp_path / "media").glob("??/*"))) == 2
     assert all(p.stat().st_mode & 0o077 == 0 for p in (tmp_path / "media").glob("??/*"))
@@ -83,7 +84,13 @@ async def test_media_is_stored_once_outside_duckdb_and_restored(tmp_path: Path) 
     assert sorted(p.stat().st_size for p in blobs) == sorted([len(image), len(big_text)])  # the image once
     with duckdb.connect(str(tmp_path / "recorder" / "steprec.duckdb"), read_only=True) as db:
         largest = db.execute("SELECT max(octet_length(body::BLOB)) FROM messages").fetchone()[0]
+        refs = db.execute("SELECT count(*), count(DISTINCT uri) FROM media_refs").fetchone()
     assert largest < 5_000
+    # Two distinct blobs; at least two messages refer to the image and one to the log text (a
+    # folded-in tool-return request is stored in its unstamped and stamped versions).
+    assert refs[1] == 2 and refs[0] >= 3
+    files = [p for p in (tmp_path / "recorder").rglob("*") if p.is_file()]
+    assert files and all(p.stat().st_mode & 0o077 == 0 for p in files), "every file the recorder made is owner-only"
 
 
 async def test_prune_collects_blobs_nothing_refers_to(tmp_path: Path) -> None:

@@ -39,9 +39,16 @@ def s3(monkeypatch: pytest.MonkeyPatch):
         server.stop()
 
 
-async def test_media_round_trips_through_s3_and_prune_collects_it(tmp_path: Path, s3) -> None:
+async def test_media_round_trips_through_s3_and_prune_collects_it(
+    tmp_path: Path, s3, monkeypatch: pytest.MonkeyPatch
+) -> None:
     endpoint, client = s3
-    args = ("--media", "s3://steprec-media/blobs", "--s3-endpoint-url", endpoint)
+    # The recorder gets its credentials from options, not from the environment.
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    (tmp_path / "secret").write_text("testing\n")
+    args = ("--media", "s3://steprec-media/blobs", "--s3-endpoint-url", endpoint,
+            "--s3-access-key-id", "testing", "--s3-secret-access-key-file", str(tmp_path / "secret"))  # fmt: skip
     recorder = RecorderProcess(tmp_path / "recorder", extra_args=args).start()
     image = os.urandom(300_000)
     try:

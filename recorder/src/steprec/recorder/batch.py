@@ -30,6 +30,7 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
         "trace_id": _TEXT, "span_id": _TEXT,
     },
     "messages": {"digest": pa.binary(), "body": _TEXT, "size_bytes": _INT},
+    "media_refs": {"digest": pa.binary(), "uri": _TEXT, "size_bytes": _INT},
     "message_fragments": {"digest": pa.binary(), "fragment_index": _INT, "fragment_count": _INT, "data": pa.binary()},
     "snapshots": {
         "write_seq": _INT, "run_id": _TEXT, "snapshot_index": _INT, "step_index": _INT, "state": _TEXT,

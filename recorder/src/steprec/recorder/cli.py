@@ -11,11 +11,11 @@ from .logs import configure_logging
 from .settings import add_arguments, resolve
 
 
-def _read_token(path: Path) -> str:
-    token = path.read_text().strip()
-    if not token:
-        raise ValueError(f"the token file {path} is empty")
-    return token
+def _read_secret(path: Path) -> str:
+    secret = path.read_text().strip()
+    if not secret:
+        raise ValueError(f"the file {path} is empty")
+    return secret
 
 
 def _serve(options: argparse.Namespace) -> int:
@@ -24,10 +24,12 @@ def _serve(options: argparse.Namespace) -> int:
     settings = resolve(options)
     configure_logging(settings.pop("log_format"))
     token_file = settings.pop("token_file")
+    secret_file = settings.pop("s3_secret_access_key_file")
     serve_options = ServeOptions(
         listen=settings.pop("listen"),
         data_dir=settings.pop("data"),
-        token=_read_token(token_file) if token_file else os.environ.get("STEPREC_TOKEN") or None,
+        token=_read_secret(token_file) if token_file else os.environ.get("STEPREC_TOKEN") or None,
+        s3_secret_access_key=_read_secret(secret_file) if secret_file else None,
         **settings,
     )
     asyncio.run(serve(serve_options))

@@ -92,14 +92,21 @@ class LocalMediaStore:
 class S3MediaStore:
     """Blobs in an S3-compatible bucket as `<prefix>/<hex>`; a PUT is atomic, so no temporary object."""
 
-    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None) -> None:
+    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
+                 access_key_id: str | None = None, secret_access_key: str | None = None) -> None:  # fmt: skip
         import boto3  # only a recorder that uses S3 pays for importing it
 
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         if not bucket:
             raise ValueError(f"{url!r} names no bucket; expected s3://bucket/prefix")
         self.bucket, self.prefix = bucket, prefix.strip("/")
-        self._s3 = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+        self._s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            aws_access_key_id=access_key_id,
+            aws_secret_access_key=secret_access_key,
+        )
         self._s3.head_bucket(Bucket=bucket)  # fail at start, with the reason, not at the first image
 
     def _key(self, hex_digest: str) -> str:
@@ -135,17 +142,11 @@ class S3MediaStore:
         return count, size
 
 
-def open_media_store(
-    location: str | None, data_dir: Path, *, fsync: bool, endpoint_url: str | None, region: str | None
-) -> MediaStore:
+def open_media_store(location: str | None, data_dir: Path, *, fsync: bool, **s3_options: str | None) -> MediaStore:
     """`s3://bucket/prefix` for S3-compatible storage, a folder path, or None for `<data>/media`."""
     if location and location.startswith("s3://"):
-        return S3MediaStore(location, endpoint_url=endpoint_url, region=region)
+        return S3MediaStore(location, **s3_options)
     return LocalMediaStore(Path(location) if location else data_dir / "media", fsync=fsync)
-
-
-def referenced_uris(body: str) -> set[str]:
-    return {URI_PREFIX + hex_digest for hex_digest in _URI.findall(body)} if MARKER in body else set()
 
 
 def _decode_base64(data: str) -> tuple[bytes, str] | None:
@@ -172,36 +173,40 @@ class MediaCodec:
         self.store = store
         self.threshold = threshold
 
-    def externalize(self, text: str) -> str:
-        """The message JSON with its payloads replaced by markers (unchanged when it has none)."""
+    def externalize(self, text: str) -> tuple[str, list[tuple[str, int]]]:
+        """The message JSON with its payloads replaced by markers, and the `(uri, bytes)` it now refers to."""
         if '"binary"' not in text and len(text) < self.threshold and MARKER not in text and LITERAL not in text:
-            return text
-        return json.dumps(self._out(json.loads(text)), separators=(",", ":"), ensure_ascii=False)
+            return text, []
+        offloaded: list[tuple[str, int]] = []
+        tree = self._out(json.loads(text), offloaded)
+        return json.dumps(tree, separators=(",", ":"), ensure_ascii=False), offloaded
 
     def restore(self, text: str) -> str:
         if MARKER not in text and LITERAL not in text:
             return text
         return json.dumps(self._in(json.loads(text)), separators=(",", ":"), ensure_ascii=False)
 
-    def _out(self, node: object) -> object:
+    def _out(self, node: object, offloaded: list[tuple[str, int]]) -> object:
         if isinstance(node, list):
-            return [self._out(item) for item in node]
+            return [self._out(item, offloaded) for item in node]
         if not isinstance(node, dict):
             return node
         if MARKER in node or LITERAL in node:
-            return {LITERAL: {key: self._out(value) for key, value in node.items()}}
+            return {LITERAL: {key: self._out(value, offloaded) for key, value in node.items()}}
         data = node.get("data")
         if node.get("kind") == "binary" and isinstance(data, str) and (decoded := _decode_base64(data)):
             raw, encoding = decoded
-            return self._marked(node, "data", self.store.put(raw), encoding)
+            return self._marked(node, "data", raw, encoding, offloaded)
         content = node.get("content")
         is_part = isinstance(node.get("part_kind"), str) or node.get("kind") in _TEXT_KINDS
         if is_part and isinstance(content, str) and len(content.encode()) >= self.threshold:
-            return self._marked(node, "content", self.store.put(content.encode()), "utf-8")
-        return {key: self._out(value) for key, value in node.items()}
+            return self._marked(node, "content", content.encode(), "utf-8", offloaded)
+        return {key: self._out(value, offloaded) for key, value in node.items()}
 
-    def _marked(self, node: dict, field: str, uri: str, encoding: str) -> dict:
-        rest = {key: self._out(value) for key, value in node.items() if key != field}
+    def _marked(self, node: dict, field: str, payload: bytes, encoding: str, offloaded: list[tuple[str, int]]) -> dict:
+        uri = self.store.put(payload)
+        offloaded.append((uri, len(payload)))
+        rest = {key: self._out(value, offloaded) for key, value in node.items() if key != field}
         return {**rest, MARKER: {"field": field, "uri": uri, "encoding": encoding}}
 
     def _in(self, node: object) -> object:

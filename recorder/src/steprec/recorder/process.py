@@ -38,7 +38,8 @@ class RecorderProcess:
             "--data",
             str(self.data_dir),
         ]
-        log = open(self.log_path, "a")  # noqa: SIM115 - the child owns it for its lifetime
+        # Owner-only, like everything in the data folder; the child owns the handle for its lifetime.
+        log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
         self.process = subprocess.Popen(
             [*command, *self.extra_args], stdout=subprocess.PIPE, stderr=log, text=True, env=os.environ.copy()
         )

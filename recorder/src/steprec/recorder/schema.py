@@ -48,6 +48,11 @@ _MIGRATIONS: dict[int, str] = {
         body VARCHAR NOT NULL,
         size_bytes INTEGER NOT NULL
     );
+    CREATE TABLE media_refs (
+        digest BLOB NOT NULL,
+        uri VARCHAR NOT NULL,
+        size_bytes BIGINT NOT NULL
+    );
     CREATE TABLE message_fragments (
         digest BLOB NOT NULL,
         fragment_index INTEGER NOT NULL,

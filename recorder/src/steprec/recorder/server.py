@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,8 @@ class ServeOptions:
     """Where media blobs go: `s3://bucket/prefix`, a folder, or None for `<data>/media`."""
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = field(default=None, repr=False)
     media_threshold: int = DEFAULT_THRESHOLD
     """String parts of this many bytes or more are stored as media blobs (BinaryContent always is)."""
     metrics_listen: str | None = None
@@ -79,6 +82,8 @@ class Recorder:
                 fsync=options.fsync,
                 endpoint_url=options.s3_endpoint_url,
                 region=options.s3_region,
+                access_key_id=options.s3_access_key_id,
+                secret_access_key=options.s3_secret_access_key,
             ),
         )
         interceptors = [TokenAuth(options.token)] if options.token else []
@@ -121,6 +126,7 @@ class Recorder:
 
 async def serve(options: ServeOptions) -> None:
     """Run until SIGTERM or SIGINT, then drain, commit and exit."""
+    os.umask(0o077)  # every file the recorder makes (DuckDB's own WAL included) is owner-only
     recorder = Recorder(options)
     await recorder.start()
     host = options.listen.rsplit(":", 1)[0]

@@ -81,6 +81,9 @@ SETTINGS = (
             "none: <data>/media"),
     Setting("s3_endpoint_url", str, None, "S3 endpoint for non-AWS storage, e.g. http://127.0.0.1:9000"),
     Setting("s3_region", str, None, "S3 region (else the AWS configuration's)"),
+    Setting("s3_access_key_id", str, None, "S3 access key id (else AWS_ACCESS_KEY_ID or the AWS configuration)"),
+    Setting("s3_secret_access_key_file", readable_file, None, "file holding the S3 secret access key "
+            "(else AWS_SECRET_ACCESS_KEY or the AWS configuration)"),
     Setting("media_threshold", positive_int, 64 * 1024, "string parts of this many bytes or more are stored "
             "once as media+sha256:// blobs under <data>/media (BinaryContent always is)"),
     Setting("token_file", readable_file, None, "require 'authorization: Bearer <token>' on every call but health "

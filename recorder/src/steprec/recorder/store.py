@@ -40,8 +40,7 @@ from .decode import (
     ToolEffectRecord,
 )
 from .digests import DigestFilter
-from .media import DEFAULT_THRESHOLD, LocalMediaStore, MediaCodec, MediaStore, referenced_uris
-from .media import MARKER as MEDIA_MARKER
+from .media import DEFAULT_THRESHOLD, LocalMediaStore, MediaCodec, MediaStore
 from .metrics import Metrics
 from .run_state import RunState, retained_snapshots, split_refs
 from .schema import migrate
@@ -268,11 +267,8 @@ class DuckDBStore:
                 ).fetchone()
                 cursor.execute("DELETE FROM messages WHERE digest NOT IN (SELECT digest FROM referenced)")
                 cursor.unregister("referenced")
-                blobs_in_use = set()
-                for (body,) in cursor.execute(
-                    "SELECT body FROM messages WHERE contains(body, ?)", [MEDIA_MARKER]
-                ).fetchall():
-                    blobs_in_use |= referenced_uris(body)
+                cursor.execute("DELETE FROM media_refs WHERE digest NOT IN (SELECT digest FROM messages)")
+                blobs_in_use = {uri for (uri,) in cursor.execute("SELECT DISTINCT uri FROM media_refs").fetchall()}
                 cursor.execute("ROLLBACK" if dry_run else "COMMIT")
             except BaseException:
                 cursor.execute("ROLLBACK")
@@ -450,6 +446,13 @@ class DuckDBStore:
         )
         return True
 
+    def _stage_message(self, batch: Batch, digest: bytes, text: str, size: int) -> None:
+        """Store a new message once, its media as blobs, and which blobs it refers to."""
+        body, offloaded = self._media.externalize(text)
+        batch.add("messages", digest=digest, body=body, size_bytes=size)
+        for uri, blob_bytes in offloaded:
+            batch.add("media_refs", digest=digest, uri=uri, size_bytes=blob_bytes)
+
     def _stage_fragment(
         self,
         cursor: duckdb.DuckDBPyConnection,
@@ -482,8 +485,7 @@ class DuckDBStore:
         del self._fragments[digest]
         if hashlib.sha256(whole).digest() != digest:
             raise Malformed("bad_body", "the fragments of a message do not add up to its digest")
-        body = self._media.externalize(_json_object_text(whole))
-        batch.add("messages", digest=digest, body=body, size_bytes=len(whole))
+        self._stage_message(batch, digest, _json_object_text(whole), len(whole))
         batch.assembled.append(digest)
         staged_digests.add(digest)
         self._digests.add(digest)
@@ -550,7 +552,7 @@ class DuckDBStore:
         for digest in new_digests:
             if digest not in already_stored:
                 text, size = bodies[digest]
-                batch.add("messages", digest=digest, body=self._media.externalize(text), size_bytes=size)
+                self._stage_message(batch, digest, text, size)
                 staged_digests.add(digest)
                 self._digests.add(digest)
         # A run under retention stores whole reference lists: pruning then never breaks a chain.
