@@ -217,3 +217,24 @@ def test_unnumbered_keys_suppress_only_while_retained(store: DuckDBStore) -> Non
     messages = [_message(i) for i in range(2)]
     _, suppressed = store.ingest([_keyed_snapshot(0, "alpha", messages[:1]), _keyed_snapshot(1, "alpha", messages[:1])])
     assert suppressed == 1
+
+
+def test_retention_stays_bounded_under_concurrent_saves(tmp_path: Path) -> None:
+    import threading
+
+    store = DuckDBStore(tmp_path / "steprec.duckdb", max_snapshots_per_run=3)
+    messages = [_message(i) for i in range(200)]
+
+    def save(thread: int) -> None:
+        for i in range(25):
+            index = thread * 25 + i
+            store.ingest([_keyed_snapshot(index, f"t{thread}-{i}", messages[index : index + 1])])
+
+    threads = [threading.Thread(target=save, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    kept = store.cursor().execute("SELECT count(*) FROM snapshots WHERE run_id = 'run-1' AND NOT pruned").fetchone()
+    assert kept[0] == 3  # all complete: the newest three, which include the newest overall and complete
+    store.close()
