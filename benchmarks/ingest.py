@@ -19,13 +19,10 @@ import time
 from pathlib import Path
 
 import grpc
-from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
-from steprec.proto import wire
 from steprec.query import RecorderClient
 from steprec.recorder.process import RecorderProcess
 
+from benchmarks.load import step_events_request
 from benchmarks.overhead import _machine
 
 RECORDS_PER_REQUEST = 512
@@ -33,26 +30,7 @@ TARGET_RECORDS_PER_SECOND = 40_000
 
 
 def _request(sender: int, number: int) -> bytes:
-    def attribute(key: str, value: str | int) -> KeyValue:
-        any_value = AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
-        return KeyValue(key=key, value=any_value)
-
-    records = [
-        LogRecord(
-            time_unix_nano=time.time_ns(),
-            event_name=wire.EVENT_PREFIX + "model_request_started",
-            attributes=[
-                attribute(wire.RUN_ID, f"load-{sender}"),
-                attribute(wire.STEP_INDEX, number),
-                attribute(wire.IDEMPOTENCY_KEY, f"{number}:{i}"),
-            ],
-        )
-        for i in range(RECORDS_PER_REQUEST)
-    ]
-    request = logs_service_pb2.ExportLogsServiceRequest(
-        resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=records)])]
-    )
-    return request.SerializeToString()
+    return step_events_request(sender, number, RECORDS_PER_REQUEST).SerializeToString()
 
 
 def _run_once(senders: int, requests_per_sender: int) -> dict[str, float]:

@@ -9,34 +9,15 @@ from pathlib import Path
 import duckdb
 import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
-from steprec.proto import wire
 from steprec.recorder.process import RecorderProcess
 from steprec.recorder.store import DuckDBStore
 from steprec.recorder.wal import WriteAheadLog
 
+from benchmarks.load import step_events_request
 
-def _request(sender: int, number: int, records: int = 20) -> logs_service_pb2.ExportLogsServiceRequest:
-    def attribute(key: str, value: str | int) -> KeyValue:
-        any_value = AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
-        return KeyValue(key=key, value=any_value)
 
-    log_records = [
-        LogRecord(
-            time_unix_nano=time.time_ns(),
-            event_name=wire.EVENT_PREFIX + "model_request_started",
-            attributes=[
-                attribute(wire.RUN_ID, f"load-{sender}"),
-                attribute(wire.STEP_INDEX, number),
-                attribute(wire.IDEMPOTENCY_KEY, f"{number}:{i}"),
-            ],
-        )
-        for i in range(records)
-    ]
-    return logs_service_pb2.ExportLogsServiceRequest(
-        resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=log_records)])]
-    )
+def _request(sender: int, number: int) -> logs_service_pb2.ExportLogsServiceRequest:
+    return step_events_request(sender, number, records=20)
 
 
 class _Load:
