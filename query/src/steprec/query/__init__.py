@@ -1,16 +1,21 @@
 """Reading recorded runs back from a steprec recorder: RecorderClient, continue_run, fork_run."""
 
 from .client import RecorderClient, RecorderUnavailable
-from .resume import continue_run, fork_run
-from .types import RunRecord, Snapshot, StepEvent, ToolEffectRecord
+from .resume import continue_run, fork_run, inspect_recovery
+from .sync import SyncRecorderClient
+from .types import RecoveryReport, RunRecord, Snapshot, SnapshotSummary, StepEvent, ToolEffectRecord
 
 __all__ = [
     "RecorderClient",
     "RecorderUnavailable",
+    "RecoveryReport",
     "RunRecord",
     "Snapshot",
+    "SnapshotSummary",
     "StepEvent",
+    "SyncRecorderClient",
     "ToolEffectRecord",
     "continue_run",
     "fork_run",
+    "inspect_recovery",
 ]

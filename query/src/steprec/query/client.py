@@ -12,7 +12,7 @@ from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.proto.tls import ClientTLS
 
-from .types import RunRecord, Snapshot, StepEvent, ToolEffectRecord, from_unix_nano
+from .types import RunRecord, Snapshot, SnapshotSummary, StepEvent, ToolEffectRecord, from_unix_nano
 
 DEFAULT_ENDPOINT = "127.0.0.1:4317"
 
@@ -56,6 +56,21 @@ def _event(event: pb.StepEvent) -> StepEvent:
             )
         },
     )  # fmt: skip
+
+
+_SNAPSHOT_LINEAGE = ("conversation_id", "parent_run_id", "agent_name", "idempotency_key")
+
+
+def _summary(info: pb.SnapshotInfo) -> SnapshotSummary:
+    return SnapshotSummary(
+        run_id=info.run_id,
+        snapshot_index=info.snapshot_index,
+        step_index=info.step_index,
+        state=info.state,
+        timestamp=from_unix_nano(info.timestamp_unix_nano),
+        message_count=info.message_count,
+        **{name: _optional(info, name) for name in _SNAPSHOT_LINEAGE},
+    )
 
 
 def _effect(effect: pb.ToolEffect) -> ToolEffectRecord:
@@ -145,7 +160,18 @@ class RecorderClient:
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> Snapshot | None:
         """The newest `complete` snapshot (newest of either state with `include_interrupted`), or None."""
-        request = pb.ReadSnapshotRequest(run_id=run_id, include_interrupted=include_interrupted)
+        return await self._read_snapshot(pb.ReadSnapshotRequest(run_id=run_id, include_interrupted=include_interrupted))
+
+    async def get_snapshot(self, run_id: str, snapshot_index: int) -> Snapshot | None:
+        """A given retained snapshot, whatever its state (time travel), or None."""
+        return await self._read_snapshot(pb.ReadSnapshotRequest(run_id=run_id, snapshot_index=snapshot_index))
+
+    async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[SnapshotSummary]:
+        """The run's retained snapshots in write order, without messages (fetch one with `get_snapshot`)."""
+        request = pb.ListSnapshotsRequest(run_id=run_id, include_interrupted=include_interrupted)
+        return [_summary(info) for info in (await self._call(self._stub.ListSnapshots, request)).snapshots]
+
+    async def _read_snapshot(self, request: pb.ReadSnapshotRequest) -> Snapshot | None:
         info, messages, piece = None, [], bytearray()
         try:
             async for chunk in self._stub.ReadSnapshot(request, timeout=self.timeout, metadata=self._metadata):
@@ -170,16 +196,21 @@ class RecorderClient:
             state=info.state,
             timestamp=from_unix_nano(info.timestamp_unix_nano),
             messages=ModelMessagesTypeAdapter.validate_json(b"[" + b",".join(messages) + b"]"),
-            conversation_id=_optional(info, "conversation_id"),
-            parent_run_id=_optional(info, "parent_run_id"),
-            agent_name=_optional(info, "agent_name"),
-            idempotency_key=_optional(info, "idempotency_key"),
+            **{name: _optional(info, name) for name in _SNAPSHOT_LINEAGE},
         )
 
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         """The tool-effect ledger of a run, one record per tool call, latest status."""
         response = await self._call(self._stub.ListToolEffects, pb.ListToolEffectsRequest(run_id=run_id))
         return [_effect(effect) for effect in response.effects]
+
+    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        """One tool call's effect record, or None when the recorder never saw it."""
+        request = pb.GetToolEffectRequest(run_id=run_id, tool_call_id=tool_call_id)
+        try:
+            return _effect(await self._call(self._stub.GetToolEffect, request))
+        except LookupError:
+            return None
 
     async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         """Tool calls that started and never finished: their side effect may or may not have happened."""

@@ -69,6 +69,22 @@ class Snapshot:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SnapshotSummary:
+    """A retained snapshot without its messages: what `list_snapshots` returns."""
+
+    run_id: str
+    snapshot_index: int
+    step_index: int
+    state: SnapshotState
+    timestamp: datetime
+    message_count: int
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    agent_name: str | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ToolEffectRecord:
     """A tool call's side-effect status; `started` with no end means unknown after a crash."""
 
@@ -80,3 +96,18 @@ class ToolEffectRecord:
     ended_at: datetime | None = None
     idempotency_key: str | None = None
     effect_summary: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecoveryReport:
+    """What a run left behind for deciding how to resume it (the reference's `inspect_recovery`).
+
+    It states facts; it does not infer that any effect is safe to replay.
+    """
+
+    run_id: str
+    newest_snapshot: SnapshotSummary | None
+    newest_complete_snapshot: SnapshotSummary | None
+    unresolved_effects: list[ToolEffectRecord]
+    completed_tools: list[str]
+    failed_tools: list[str]

@@ -83,6 +83,19 @@ def _effect(row: dict) -> pb.ToolEffect:
     return effect
 
 
+def _snapshot_info(row: dict) -> pb.SnapshotInfo:
+    info = pb.SnapshotInfo(
+        run_id=row["run_id"],
+        snapshot_index=row["snapshot_index"],
+        step_index=row["step_index"],
+        state=row["state"],
+        timestamp_unix_nano=row["at_ns"],
+        message_count=row["message_count"],
+    )
+    _optional(info, **{k: row[k] for k in ("conversation_id", "parent_run_id", "agent_name", "idempotency_key")})
+    return info
+
+
 class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
     def __init__(self, store: DuckDBStore) -> None:
         self._store = store
@@ -112,25 +125,17 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
 
     async def ReadSnapshot(self, request: pb.ReadSnapshotRequest, context):  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)
+        index = request.snapshot_index if request.HasField("snapshot_index") else None
         found = await asyncio.to_thread(
-            self._store.read_snapshot, run_id, include_interrupted=request.include_interrupted
+            self._store.read_snapshot, run_id, include_interrupted=request.include_interrupted, snapshot_index=index
         )
         if found is None:
-            which = "snapshot" if request.include_interrupted else "complete snapshot"
+            which = f"retained snapshot {index}" if index is not None else (
+                "snapshot" if request.include_interrupted else "complete snapshot"
+            )  # fmt: skip
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {run_id!r} has no {which}")
         info_row, messages = found
-        info = pb.SnapshotInfo(
-            run_id=info_row["run_id"],
-            snapshot_index=info_row["snapshot_index"],
-            step_index=info_row["step_index"],
-            state=info_row["state"],
-            timestamp_unix_nano=info_row["at_ns"],
-            message_count=info_row["message_count"],
-        )
-        _optional(
-            info, **{k: info_row[k] for k in ("conversation_id", "parent_run_id", "agent_name", "idempotency_key")}
-        )
-        chunk, size = pb.SnapshotChunk(info=info), 0
+        chunk, size = pb.SnapshotChunk(info=_snapshot_info(info_row)), 0
         for message in messages:
             encoded = message.encode()
             if size and size + len(encoded) > _CHUNK_BYTES:
@@ -152,3 +157,19 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
         run_id = await _valid_run_id(request.run_id, context)
         rows = await asyncio.to_thread(self._store.list_tool_effects, run_id, unresolved_only=request.unresolved_only)
         return pb.ListToolEffectsResponse(effects=[_effect(row) for row in rows])
+
+    async def ListSnapshots(self, request: pb.ListSnapshotsRequest, context) -> pb.ListSnapshotsResponse:  # noqa: N802
+        run_id = await _valid_run_id(request.run_id, context)
+        rows = await asyncio.to_thread(
+            self._store.list_snapshots, run_id, include_interrupted=request.include_interrupted
+        )
+        return pb.ListSnapshotsResponse(snapshots=[_snapshot_info(row) for row in rows])
+
+    async def GetToolEffect(self, request: pb.GetToolEffectRequest, context) -> pb.ToolEffect:  # noqa: N802
+        run_id = await _valid_run_id(request.run_id, context)
+        rows = await asyncio.to_thread(
+            self._store.list_tool_effects, run_id, unresolved_only=False, tool_call_id=request.tool_call_id
+        )
+        if not rows:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {run_id!r} has no tool call {request.tool_call_id!r}")
+        return _effect(rows[0])

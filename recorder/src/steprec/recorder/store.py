@@ -619,19 +619,51 @@ class DuckDBStore:
             refs = refs[:keep] + split_refs(blob)
         return refs
 
-    def read_snapshot(self, run_id: str, *, include_interrupted: bool) -> tuple[dict, list[str]] | None:
-        """The newest snapshot (by write order) and its messages' JSON, or None."""
+    def list_snapshots(self, run_id: str, *, include_interrupted: bool) -> list[dict]:
+        """The run's retained snapshots in write order, without their messages."""
         cursor = self.cursor()
         try:
-            state_filter = " AND NOT pruned" + ("" if include_interrupted else " AND state = 'complete'")
-            infos = _dicts(
-                cursor.execute(
-                    "SELECT run_id, snapshot_index, step_index, state, epoch_ns(recorded_at) AS at_ns, conversation_id,"
-                    " parent_run_id, agent_name, idempotency_key, message_count FROM snapshots"
-                    f" WHERE run_id = ?{state_filter} ORDER BY write_seq DESC LIMIT 1",
-                    [run_id],
-                )
+            return self._snapshot_infos(cursor, run_id, include_interrupted=include_interrupted, newest_first=False)
+        finally:
+            cursor.close()
+
+    @staticmethod
+    def _snapshot_infos(
+        cursor: duckdb.DuckDBPyConnection,
+        run_id: str,
+        *,
+        include_interrupted: bool,
+        newest_first: bool,
+        snapshot_index: int | None = None,
+        limit: int | None = None,
+    ) -> list[dict]:
+        filters, params = ["run_id = ?", "NOT pruned"], [run_id]
+        if not include_interrupted and snapshot_index is None:
+            filters.append("state = 'complete'")
+        if snapshot_index is not None:
+            filters.append("snapshot_index = ?")
+            params.append(snapshot_index)
+        order = "DESC" if newest_first else "ASC"
+        bound = f" LIMIT {int(limit)}" if limit else ""
+        return _dicts(
+            cursor.execute(
+                "SELECT run_id, snapshot_index, step_index, state, epoch_ns(recorded_at) AS at_ns, conversation_id,"
+                " parent_run_id, agent_name, idempotency_key, message_count FROM snapshots"
+                f" WHERE {' AND '.join(filters)} ORDER BY write_seq {order}{bound}",
+                params,
             )
+        )
+
+    def read_snapshot(
+        self, run_id: str, *, include_interrupted: bool, snapshot_index: int | None = None
+    ) -> tuple[dict, list[str]] | None:
+        """The newest snapshot (by write order), or the given retained one, and its messages' JSON; or None."""
+        cursor = self.cursor()
+        try:
+            infos = self._snapshot_infos(
+                cursor, run_id, include_interrupted=include_interrupted, newest_first=True,
+                snapshot_index=snapshot_index, limit=1,
+            )  # fmt: skip
             if not infos:
                 return None
             info = infos[0]
@@ -712,7 +744,7 @@ class DuckDBStore:
         finally:
             cursor.close()
 
-    def list_tool_effects(self, run_id: str, *, unresolved_only: bool) -> list[dict]:
+    def list_tool_effects(self, run_id: str, *, unresolved_only: bool, tool_call_id: str | None = None) -> list[dict]:
         """The ledger per tool call: latest status wins, annotations survive later records."""
         cursor = self.cursor()
         try:
@@ -731,10 +763,10 @@ class DuckDBStore:
                             arg_max(error, write_seq) FILTER (WHERE status = 'failed')
                         ) AS effect_summary,
                         min(write_seq) AS first_seq
-                    FROM tool_effects WHERE run_id = ?
+                    FROM tool_effects WHERE run_id = ? AND (?::VARCHAR IS NULL OR tool_call_id = ?)
                     GROUP BY run_id, tool_call_id ORDER BY first_seq
                     """,
-                    [run_id],
+                    [run_id, tool_call_id, tool_call_id],
                 )
             )
         finally:

@@ -109,12 +109,36 @@ class StepEvent(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., kind: _Optional[str] = ..., step_index: _Optional[int] = ..., timestamp_unix_nano: _Optional[int] = ..., conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., error: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., trace_id: _Optional[str] = ..., span_id: _Optional[str] = ...) -> None: ...
 
 class ReadSnapshotRequest(_message.Message):
+    __slots__ = ("run_id", "include_interrupted", "snapshot_index")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    include_interrupted: bool
+    snapshot_index: int
+    def __init__(self, run_id: _Optional[str] = ..., include_interrupted: _Optional[bool] = ..., snapshot_index: _Optional[int] = ...) -> None: ...
+
+class ListSnapshotsRequest(_message.Message):
     __slots__ = ("run_id", "include_interrupted")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     include_interrupted: bool
     def __init__(self, run_id: _Optional[str] = ..., include_interrupted: _Optional[bool] = ...) -> None: ...
+
+class ListSnapshotsResponse(_message.Message):
+    __slots__ = ("snapshots",)
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    snapshots: _containers.RepeatedCompositeFieldContainer[SnapshotInfo]
+    def __init__(self, snapshots: _Optional[_Iterable[_Union[SnapshotInfo, _Mapping]]] = ...) -> None: ...
+
+class GetToolEffectRequest(_message.Message):
+    __slots__ = ("run_id", "tool_call_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    tool_call_id: str
+    def __init__(self, run_id: _Optional[str] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
     __slots__ = ("info", "messages_json", "message_piece", "message_complete")

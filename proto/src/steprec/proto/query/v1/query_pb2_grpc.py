@@ -55,10 +55,20 @@ class RecorderQueryStub:
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ReadSnapshotRequest.SerializeToString,
                 response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SnapshotChunk.FromString,
                 _registered_method=True)
+        self.ListSnapshots = channel.unary_unary(
+                '/steprec.query.v1.RecorderQuery/ListSnapshots',
+                request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListSnapshotsResponse.FromString,
+                _registered_method=True)
         self.ListToolEffects = channel.unary_unary(
                 '/steprec.query.v1.RecorderQuery/ListToolEffects',
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListToolEffectsRequest.SerializeToString,
                 response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListToolEffectsResponse.FromString,
+                _registered_method=True)
+        self.GetToolEffect = channel.unary_unary(
+                '/steprec.query.v1.RecorderQuery/GetToolEffect',
+                request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetToolEffectRequest.SerializeToString,
+                response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ToolEffect.FromString,
                 _registered_method=True)
 
 
@@ -95,8 +105,22 @@ class RecorderQueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSnapshots(self, request, context):
+        """The retained snapshots of a run in write order, without their messages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListToolEffects(self, request, context):
         """Tool-effect ledger of a run: the latest state per tool call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetToolEffect(self, request, context):
+        """One tool call's effect record. NOT_FOUND when the recorder never saw it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,10 +149,20 @@ def add_RecorderQueryServicer_to_server(servicer, server):
                     request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ReadSnapshotRequest.FromString,
                     response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SnapshotChunk.SerializeToString,
             ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
             'ListToolEffects': grpc.unary_unary_rpc_method_handler(
                     servicer.ListToolEffects,
                     request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListToolEffectsRequest.FromString,
                     response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListToolEffectsResponse.SerializeToString,
+            ),
+            'GetToolEffect': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetToolEffect,
+                    request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetToolEffectRequest.FromString,
+                    response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ToolEffect.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -251,6 +285,33 @@ class RecorderQuery:
             _registered_method=True)
 
     @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/steprec.query.v1.RecorderQuery/ListSnapshots',
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListSnapshotsRequest.SerializeToString,
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ListToolEffects(request,
             target,
             options=(),
@@ -267,6 +328,33 @@ class RecorderQuery:
             '/steprec.query.v1.RecorderQuery/ListToolEffects',
             steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListToolEffectsRequest.SerializeToString,
             steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListToolEffectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetToolEffect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/steprec.query.v1.RecorderQuery/GetToolEffect',
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetToolEffectRequest.SerializeToString,
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ToolEffect.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,48 @@
+"""The reference's remaining reads: list_snapshots, a snapshot by index, get_tool_effect, inspect_recovery, sync."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic_ai.messages import ModelMessagesTypeAdapter
+from steprec.query import RecorderClient, SyncRecorderClient, inspect_recovery
+from steprec.recorder.process import RecorderProcess
+
+from .agents import echo_agent
+
+
+async def test_snapshots_can_be_listed_and_each_read_back(recorder: RecorderProcess, client: RecorderClient) -> None:
+    result = await echo_agent(recorder.endpoint, calls=3).run("go", conversation_id="conv-list")
+    summaries = await client.list_snapshots(result.run_id)
+    assert [s.snapshot_index for s in summaries] == [0, 1, 2, 3]
+    assert [s.message_count for s in summaries] == [3, 5, 7, 8]
+    # Time travel: the second snapshot is the history after the first two tool cycles.
+    second = await client.get_snapshot(result.run_id, 1)
+    expected = result.all_messages()[:5]
+    assert (
+        ModelMessagesTypeAdapter.dump_json(second.messages)[:100] == ModelMessagesTypeAdapter.dump_json(expected)[:100]
+    )
+    assert len(second.messages) == 5 and second.step_index == summaries[1].step_index
+    assert await client.get_snapshot(result.run_id, 99) is None
+
+
+async def test_get_tool_effect_and_inspect_recovery(recorder: RecorderProcess, client: RecorderClient) -> None:
+    result = await echo_agent(recorder.endpoint, calls=2).run("go", conversation_id="conv-inspect")
+    effect = await client.get_tool_effect(result.run_id, "call-1")
+    assert effect is not None and (effect.tool_name, effect.status) == ("echo", "completed")
+    assert await client.get_tool_effect(result.run_id, "no-such-call") is None
+    report = await inspect_recovery(client, run_id=result.run_id)
+    assert report.newest_snapshot.snapshot_index == report.newest_complete_snapshot.snapshot_index == 2
+    assert report.unresolved_effects == [] and report.completed_tools == ["echo", "echo"]
+    assert report.failed_tools == []
+
+
+async def test_the_sync_client_answers_inside_a_running_loop(recorder: RecorderProcess) -> None:
+    result = await echo_agent(recorder.endpoint, calls=1).run("go", conversation_id="conv-sync")
+    # A notebook has a loop running already; the sync client must not need asyncio.run.
+    with SyncRecorderClient(recorder.endpoint) as client:
+        (run,) = client.list_runs(conversation_id="conv-sync")
+        assert run.run_id == result.run_id
+        assert len(client.continue_run(run.run_id)) == len(result.all_messages())
+        assert client.inspect_recovery(run.run_id).completed_tools == ["echo"]
+        with pytest.raises(LookupError):
+            client.continue_run("never-recorded")
