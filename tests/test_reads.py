@@ -46,3 +46,33 @@ async def test_the_sync_client_answers_inside_a_running_loop(recorder: RecorderP
         assert client.inspect_recovery(run.run_id).completed_tools == ["echo"]
         with pytest.raises(LookupError):
             client.continue_run("never-recorded")
+
+
+async def test_runs_filter_by_time_and_outcome_and_come_in_pages(recorder: RecorderProcess, client) -> None:
+    from datetime import timedelta
+
+    import grpc
+    from steprec.proto.query.v1 import query_pb2, query_pb2_grpc
+
+    agent = echo_agent(recorder.endpoint, calls=0)
+    first = await agent.run("a", conversation_id="conv-page")
+    await agent.run("b", conversation_id="conv-page")
+    await agent.run("c", conversation_id="conv-page")
+    runs = await client.list_runs(conversation_id="conv-page")
+    assert len(runs) == 3 and runs[0].run_id == first.run_id
+    assert [r.run_id async for r in client.iter_runs(conversation_id="conv-page", page_size=2)] == [
+        r.run_id for r in runs
+    ]
+    later = await client.list_runs(conversation_id="conv-page", started_after=runs[1].started_at)
+    assert [r.run_id for r in later] == [r.run_id for r in runs[1:]]
+    earlier = await client.list_runs(conversation_id="conv-page", started_before=runs[1].started_at)
+    assert [r.run_id for r in earlier] == [runs[0].run_id]
+    assert await client.list_runs(conversation_id="conv-page", outcome="failed") == []
+    assert len(await client.list_runs(conversation_id="conv-page", outcome="completed")) == 3
+    assert await client.list_runs(started_after=runs[-1].started_at + timedelta(days=1)) == []
+    with pytest.raises(ValueError, match="outcome"):
+        await client.list_runs(outcome="exploded")
+    async with grpc.aio.insecure_channel(recorder.endpoint) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await query_pb2_grpc.RecorderQueryStub(channel).ListRuns(query_pb2.ListRunsRequest(page_token="forged"))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import grpc
 from pydantic_ai.messages import ModelMessagesTypeAdapter
@@ -12,7 +15,16 @@ from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.proto.tls import ClientTLS
 
-from .types import RunRecord, Snapshot, SnapshotSummary, StepEvent, ToolEffectRecord, from_unix_nano
+from .types import (
+    RunOutcome,
+    RunRecord,
+    Snapshot,
+    SnapshotSummary,
+    StepEvent,
+    ToolEffectRecord,
+    from_unix_nano,
+    to_unix_nano,
+)
 
 DEFAULT_ENDPOINT = "127.0.0.1:4317"
 
@@ -146,12 +158,34 @@ class RecorderClient:
         conversation_id: str | None = None,
         parent_run_id: str | None = None,
         agent_name: str | None = None,
+        started_after: datetime | None = None,
+        started_before: datetime | None = None,
+        outcome: RunOutcome | None = None,
     ) -> list[RunRecord]:
-        """Runs matching every given filter, oldest start first (so `[-1]` is the newest)."""
-        request = pb.ListRunsRequest(
-            conversation_id=conversation_id, parent_run_id=parent_run_id, agent_name=agent_name
-        )
-        return [_run(run) for run in (await self._call(self._stub.ListRuns, request)).runs]
+        """Runs matching every given filter, oldest start first (so `[-1]` is the newest).
+
+        `started_after` is inclusive, `started_before` exclusive. Large results are fetched page by
+        page; `iter_runs` yields them without holding them all.
+        """
+        filters = {"conversation_id": conversation_id, "parent_run_id": parent_run_id, "agent_name": agent_name,
+                   "started_after": started_after, "started_before": started_before, "outcome": outcome}  # fmt: skip
+        return [run async for run in self.iter_runs(**filters)]
+
+    async def iter_runs(self, *, page_size: int = 1000, **filters: Any) -> AsyncIterator[RunRecord]:
+        """The runs `list_runs` returns, one page of `page_size` at a time."""
+        after, before = filters.pop("started_after", None), filters.pop("started_before", None)
+        request = pb.ListRunsRequest(page_size=page_size, **{k: v for k, v in filters.items() if v is not None})
+        if after is not None:
+            request.started_at_or_after_unix_nano = to_unix_nano(after)
+        if before is not None:
+            request.started_before_unix_nano = to_unix_nano(before)
+        while True:
+            response = await self._call(self._stub.ListRuns, request)
+            for run in response.runs:
+                yield _run(run)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
 
     async def list_events(self, run_id: str) -> list[StepEvent]:
         """A run's step events in write order."""

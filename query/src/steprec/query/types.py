@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pydantic_ai.messages import ModelMessage
@@ -13,8 +13,18 @@ SnapshotState = Literal["complete", "interrupted"]
 ToolEffectStatus = Literal["started", "completed", "failed"]
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def from_unix_nano(value: int) -> datetime:
     return datetime.fromtimestamp(value / 1e9, tz=UTC)
+
+
+def to_unix_nano(value: datetime) -> int:
+    """A datetime as Unix nanoseconds; a naive one is taken as UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // timedelta(microseconds=1) * 1000
 
 
 @dataclass(frozen=True, kw_only=True)

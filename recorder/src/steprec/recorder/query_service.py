@@ -12,6 +12,17 @@ from steprec.proto.query.v1 import query_pb2_grpc
 from .store import DuckDBStore
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_OUTCOMES = ("running", "completed", "failed")
+_MAX_PAGE = 10_000
+_PAGE_TOKEN = re.compile(r"(-?\d{1,20}):(\d{1,20})")
+_RUN_FILTERS = {
+    "conversation_id": "conversation_id",
+    "parent_run_id": "parent_run_id",
+    "agent_name": "agent_name",
+    "started_at_or_after_unix_nano": "started_at_or_after_ns",
+    "started_before_unix_nano": "started_before_ns",
+    "outcome": "outcome",
+}
 _CHUNK_BYTES = 1 << 20
 """Messages per snapshot chunk are packed up to about 1 MiB, far below the 4 MiB gRPC cap."""
 
@@ -110,13 +121,28 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
     async def ListRuns(self, request: pb.ListRunsRequest, context) -> pb.ListRunsResponse:  # noqa: N802
         if request.HasField("parent_run_id"):
             await _valid_run_id(request.parent_run_id, context)
+        if request.HasField("outcome") and request.outcome not in _OUTCOMES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"outcome must be one of {', '.join(_OUTCOMES)}")
+        if not 0 <= request.page_size <= _MAX_PAGE:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_size must be 0 (all) to {_MAX_PAGE}")
+        after = None
+        if request.page_token:
+            if not (match := _PAGE_TOKEN.fullmatch(request.page_token)):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_token is not one this recorder issued")
+            after = (int(match[1]), int(match[2]))
+        optional = {
+            keyword: getattr(request, field) if request.HasField(field) else None
+            for field, keyword in _RUN_FILTERS.items()
+        }
         rows = await asyncio.to_thread(
-            self._store.list_runs,
-            conversation_id=request.conversation_id if request.HasField("conversation_id") else None,
-            parent_run_id=request.parent_run_id if request.HasField("parent_run_id") else None,
-            agent_name=request.agent_name if request.HasField("agent_name") else None,
+            self._store.list_runs, **optional, after=after, limit=request.page_size + 1 if request.page_size else None
         )
-        return pb.ListRunsResponse(runs=[_run(row) for row in rows])
+        response = pb.ListRunsResponse()
+        if request.page_size and len(rows) > request.page_size:
+            rows = rows[: request.page_size]
+            response.next_page_token = f"{rows[-1]['started_at_ns']}:{rows[-1]['write_seq']}"
+        response.runs.extend(_run(row) for row in rows)
+        return response
 
     async def ListEvents(self, request: pb.ListEventsRequest, context) -> pb.ListEventsResponse:  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)

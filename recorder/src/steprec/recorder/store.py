@@ -693,7 +693,16 @@ class DuckDBStore:
         conversation_id: str | None = None,
         parent_run_id: str | None = None,
         agent_name: str | None = None,
+        started_at_or_after_ns: int | None = None,
+        started_before_ns: int | None = None,
+        outcome: str | None = None,
+        after: tuple[int, int] | None = None,
+        limit: int | None = None,
     ) -> list[dict]:
+        """Runs matching every given filter, by start instant then write order.
+
+        `after` is the `(started_at_ns, write_seq)` of the last run of a previous page.
+        """
         filters, params = [], []
         for column, value in (
             ("run_id", run_id),
@@ -704,7 +713,21 @@ class DuckDBStore:
             if value is not None:
                 filters.append(f"r.{column} = ?")
                 params.append(value)
+        if started_at_or_after_ns is not None:
+            filters.append("epoch_ns(r.started_at) >= ?")
+            params.append(started_at_or_after_ns)
+        if started_before_ns is not None:
+            filters.append("epoch_ns(r.started_at) < ?")
+            params.append(started_before_ns)
+        if after is not None:
+            filters.append("(epoch_ns(r.started_at) > ? OR (epoch_ns(r.started_at) = ? AND r.write_seq > ?))")
+            params.extend([after[0], after[0], after[1]])
         where = " AND ".join(filters) or "true"
+        outer, outer_params = [], []
+        if outcome is not None:
+            outer.append("outcome = ?")
+            outer_params.append(outcome)
+        bound = f" LIMIT {int(limit)}" if limit else ""
         cursor = self.cursor()
         try:
             return _dicts(
@@ -716,15 +739,17 @@ class DuckDBStore:
                         FROM events e SEMI JOIN chosen c ON e.run_id = c.run_id
                         WHERE e.kind IN ('run_completed', 'run_failed') GROUP BY e.run_id
                     )
-                    SELECT c.run_id, c.registration_id, c.conversation_id, c.parent_run_id, c.agent_name,
-                           c.metadata, epoch_ns(c.started_at) AS started_at_ns,
-                           epoch_ns(x.ended_at) AS ended_at_ns,
-                           CASE x.kind WHEN 'run_completed' THEN 'completed' WHEN 'run_failed' THEN 'failed'
-                                ELSE 'running' END AS outcome
-                    FROM chosen c LEFT JOIN endings x ON x.run_id = c.run_id
-                    ORDER BY c.started_at, c.write_seq
+                    SELECT * FROM (
+                        SELECT c.run_id, c.registration_id, c.conversation_id, c.parent_run_id, c.agent_name,
+                               c.metadata, epoch_ns(c.started_at) AS started_at_ns, c.write_seq,
+                               epoch_ns(x.ended_at) AS ended_at_ns,
+                               CASE x.kind WHEN 'run_completed' THEN 'completed' WHEN 'run_failed' THEN 'failed'
+                                    ELSE 'running' END AS outcome
+                        FROM chosen c LEFT JOIN endings x ON x.run_id = c.run_id
+                    ) WHERE {" AND ".join(outer) or "true"}
+                    ORDER BY started_at_ns, write_seq{bound}
                     """,
-                    params,
+                    params + outer_params,
                 )
             )
         finally:

@@ -13,20 +13,32 @@ class GetRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("conversation_id", "parent_run_id", "agent_name")
+    __slots__ = ("conversation_id", "parent_run_id", "agent_name", "started_at_or_after_unix_nano", "started_before_unix_nano", "outcome", "page_size", "page_token")
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_OR_AFTER_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    STARTED_BEFORE_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     conversation_id: str
     parent_run_id: str
     agent_name: str
-    def __init__(self, conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ...) -> None: ...
+    started_at_or_after_unix_nano: int
+    started_before_unix_nano: int
+    outcome: str
+    page_size: int
+    page_token: str
+    def __init__(self, conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., started_at_or_after_unix_nano: _Optional[int] = ..., started_before_unix_nano: _Optional[int] = ..., outcome: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
-    __slots__ = ("runs",)
+    __slots__ = ("runs", "next_page_token")
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[Run]
-    def __init__(self, runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "conversation_id", "parent_run_id", "agent_name", "metadata", "started_at_unix_nano", "ended_at_unix_nano", "outcome", "registration_id")
