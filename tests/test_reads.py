@@ -76,3 +76,34 @@ async def test_runs_filter_by_time_and_outcome_and_come_in_pages(recorder: Recor
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await query_pb2_grpc.RecorderQueryStub(channel).ListRuns(query_pb2.ListRunsRequest(page_token="forged"))
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_run_trees_and_ancestors(recorder: RecorderProcess, client) -> None:
+    from pydantic_ai import Agent
+    from steprec.exporter import StepRecorder
+
+    from .agents import calls_tool_then_answers
+
+    def recorded(model, name: str) -> Agent:
+        return Agent(model, name=name, capabilities=[StepRecorder(endpoint=recorder.endpoint)])
+
+    leaf = echo_agent(recorder.endpoint, calls=0)
+    middle = recorded(calls_tool_then_answers(1, tool="call_leaf"), "middle")
+    root = recorded(calls_tool_then_answers(2, tool="call_middle"), "root")
+
+    @middle.tool_plain
+    async def call_leaf(text: str) -> str:
+        return (await leaf.run(text)).output
+
+    @root.tool_plain
+    async def call_middle(text: str) -> str:
+        return (await middle.run(text)).output
+
+    result = await root.run("go", conversation_id="conv-tree")
+    tree = await client.run_tree(result.run_id)
+    shape = [(depth, run.agent_name) for depth, run in tree.walk()]
+    assert shape == [(0, "root"), (1, "middle"), (2, "echoer"), (1, "middle"), (2, "echoer")]
+    leaf_run = tree.children[1].children[0].run
+    assert [r.agent_name for r in await client.ancestors(leaf_run.run_id)] == ["middle", "root"]
+    assert await client.ancestors(result.run_id) == []
+    assert await client.run_tree("never-recorded") is None

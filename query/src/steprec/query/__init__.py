@@ -3,13 +3,14 @@
 from .client import RecorderClient, RecorderUnavailable
 from .resume import continue_run, fork_run, inspect_recovery
 from .sync import SyncRecorderClient
-from .types import RecoveryReport, RunRecord, Snapshot, SnapshotSummary, StepEvent, ToolEffectRecord
+from .types import RecoveryReport, RunRecord, RunTree, Snapshot, SnapshotSummary, StepEvent, ToolEffectRecord
 
 __all__ = [
     "RecorderClient",
     "RecorderUnavailable",
     "RecoveryReport",
     "RunRecord",
+    "RunTree",
     "Snapshot",
     "SnapshotSummary",
     "StepEvent",

@@ -18,6 +18,7 @@ from steprec.proto.tls import ClientTLS
 from .types import (
     RunOutcome,
     RunRecord,
+    RunTree,
     Snapshot,
     SnapshotSummary,
     StepEvent,
@@ -186,6 +187,25 @@ class RecorderClient:
             if not response.next_page_token:
                 return
             request.page_token = response.next_page_token
+
+    async def run_tree(self, run_id: str) -> RunTree | None:
+        """The run and all its descendants as a tree (children in start order), or None if unknown."""
+        try:
+            response = await self._call(self._stub.GetRunTree, pb.GetRunTreeRequest(run_id=run_id))
+        except LookupError:
+            return None
+        nodes = {entry.run.run_id: RunTree(run=_run(entry.run), children=[]) for entry in response.runs}
+        for entry in response.runs[1:]:  # depth order: every parent comes before its children
+            nodes[entry.run.parent_run_id].children.append(nodes[entry.run.run_id])
+        return nodes[run_id]
+
+    async def ancestors(self, run_id: str) -> list[RunRecord]:
+        """The runs above this one, its parent first and the root last (empty for a root)."""
+        try:
+            response = await self._call(self._stub.GetRunTree, pb.GetRunTreeRequest(run_id=run_id, ancestors=True))
+        except LookupError:
+            return []
+        return [_run(entry.run) for entry in response.runs[1:]]
 
     async def list_events(self, run_id: str) -> list[StepEvent]:
         """A run's step events in write order."""

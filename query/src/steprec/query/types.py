@@ -121,3 +121,17 @@ class RecoveryReport:
     unresolved_effects: list[ToolEffectRecord]
     completed_tools: list[str]
     failed_tools: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunTree:
+    """A run and the runs it spawned, recursively: walk `children` to see the whole delegation."""
+
+    run: RunRecord
+    children: list[RunTree]
+
+    def walk(self, depth: int = 0):
+        """(depth, run) for this run and every descendant, parents before their children."""
+        yield depth, self.run
+        for child in self.children:
+            yield from child.walk(depth + 1)

@@ -144,6 +144,13 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
         response.runs.extend(_run(row) for row in rows)
         return response
 
+    async def GetRunTree(self, request: pb.GetRunTreeRequest, context) -> pb.GetRunTreeResponse:  # noqa: N802
+        run_id = await _valid_run_id(request.run_id, context)
+        rows = await asyncio.to_thread(self._store.run_tree, run_id, ancestors=request.ancestors)
+        if not rows or rows[0]["run_id"] != run_id:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no run {run_id!r} was recorded")
+        return pb.GetRunTreeResponse(runs=[pb.TreeRun(run=_run(row), depth=row["depth"]) for row in rows])
+
     async def ListEvents(self, request: pb.ListEventsRequest, context) -> pb.ListEventsResponse:  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)
         rows = await asyncio.to_thread(self._store.list_events, run_id)

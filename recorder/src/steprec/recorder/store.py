@@ -690,6 +690,7 @@ class DuckDBStore:
         self,
         *,
         run_id: str | None = None,
+        run_ids: list[str] | None = None,
         conversation_id: str | None = None,
         parent_run_id: str | None = None,
         agent_name: str | None = None,
@@ -713,6 +714,9 @@ class DuckDBStore:
             if value is not None:
                 filters.append(f"r.{column} = ?")
                 params.append(value)
+        if run_ids is not None:
+            filters.append("list_contains(?::VARCHAR[], r.run_id)")
+            params.append(run_ids)
         if started_at_or_after_ns is not None:
             filters.append("epoch_ns(r.started_at) >= ?")
             params.append(started_at_or_after_ns)
@@ -754,6 +758,34 @@ class DuckDBStore:
             )
         finally:
             cursor.close()
+
+    def run_tree(self, run_id: str, *, ancestors: bool) -> list[dict]:
+        """The run with its descendants (or ancestors), each row with its `depth` from the run.
+
+        UNION, not UNION ALL: a parent cycle (possible with explicit parent_run_id values) ends the
+        walk instead of looping.
+        """
+        step = (
+            "SELECT p.parent_run_id, t.depth + 1 FROM runs p JOIN tree t ON p.run_id = t.run_id"
+            " WHERE p.parent_run_id IS NOT NULL AND"
+            if ancestors
+            else "SELECT c.run_id, t.depth + 1 FROM runs c JOIN tree t ON c.parent_run_id = t.run_id WHERE"
+        )
+        cursor = self.cursor()
+        try:
+            depths = dict(
+                cursor.execute(
+                    f"WITH RECURSIVE tree(run_id, depth) AS (SELECT ?::VARCHAR, 0 UNION {step} t.depth < 10000)"
+                    " SELECT run_id, min(depth) FROM tree GROUP BY run_id",
+                    [run_id],
+                ).fetchall()
+            )
+        finally:
+            cursor.close()
+        runs = self.list_runs(run_ids=list(depths)) if depths else []
+        for run in runs:
+            run["depth"] = depths[run["run_id"]]
+        return sorted(runs, key=lambda run: (run["depth"], run["started_at_ns"], run["write_seq"]))
 
     def list_events(self, run_id: str) -> list[dict]:
         cursor = self.cursor()

@@ -69,6 +69,28 @@ class Run(_message.Message):
     registration_id: str
     def __init__(self, run_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., started_at_unix_nano: _Optional[int] = ..., ended_at_unix_nano: _Optional[int] = ..., outcome: _Optional[str] = ..., registration_id: _Optional[str] = ...) -> None: ...
 
+class GetRunTreeRequest(_message.Message):
+    __slots__ = ("run_id", "ancestors")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ANCESTORS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    ancestors: bool
+    def __init__(self, run_id: _Optional[str] = ..., ancestors: _Optional[bool] = ...) -> None: ...
+
+class GetRunTreeResponse(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[TreeRun]
+    def __init__(self, runs: _Optional[_Iterable[_Union[TreeRun, _Mapping]]] = ...) -> None: ...
+
+class TreeRun(_message.Message):
+    __slots__ = ("run", "depth")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    run: Run
+    depth: int
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ..., depth: _Optional[int] = ...) -> None: ...
+
 class ListEventsRequest(_message.Message):
     __slots__ = ("run_id",)
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

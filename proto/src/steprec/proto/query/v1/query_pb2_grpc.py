@@ -45,6 +45,11 @@ class RecorderQueryStub:
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.GetRunTree = channel.unary_unary(
+                '/steprec.query.v1.RecorderQuery/GetRunTree',
+                request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeRequest.SerializeToString,
+                response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeResponse.FromString,
+                _registered_method=True)
         self.ListEvents = channel.unary_unary(
                 '/steprec.query.v1.RecorderQuery/ListEvents',
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListEventsRequest.SerializeToString,
@@ -85,6 +90,13 @@ class RecorderQueryServicer:
 
     def ListRuns(self, request, context):
         """Runs matching every given filter, sorted by start time ascending.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRunTree(self, request, context):
+        """A run and all its descendants (delegates, their delegates ...), or its chain of ancestors.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,6 +150,11 @@ def add_RecorderQueryServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListRunsRequest.FromString,
                     response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'GetRunTree': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunTree,
+                    request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeRequest.FromString,
+                    response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeResponse.SerializeToString,
             ),
             'ListEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEvents,
@@ -220,6 +237,33 @@ class RecorderQuery:
             '/steprec.query.v1.RecorderQuery/ListRuns',
             steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListRunsRequest.SerializeToString,
             steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunTree(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/steprec.query.v1.RecorderQuery/GetRunTree',
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeRequest.SerializeToString,
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeResponse.FromString,
             options,
             channel_credentials,
             insecure,
