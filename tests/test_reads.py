@@ -107,3 +107,34 @@ async def test_run_trees_and_ancestors(recorder: RecorderProcess, client) -> Non
     assert [r.agent_name for r in await client.ancestors(leaf_run.run_id)] == ["middle", "root"]
     assert await client.ancestors(result.run_id) == []
     assert await client.run_tree("never-recorded") is None
+
+
+async def test_a_fork_from_an_earlier_snapshot_is_recorded_with_its_origin(recorder: RecorderProcess, client) -> None:
+    from steprec.query import fork_run
+
+    agent = echo_agent(recorder.endpoint, calls=3)
+    origin = await agent.run("go", conversation_id="conv-origin")
+    fork = await fork_run(client, run_id=origin.run_id, at=1)
+    assert (fork.origin_run_id, fork.origin_snapshot_index, len(fork)) == (origin.run_id, 1, 5)
+    forked = await agent.run(message_history=fork, metadata=fork.metadata, conversation_id="conv-fork")
+    # The new run starts from the fork's history (pydantic-ai stamps its last, pending request).
+    assert forked.all_messages()[:4] == list(fork)[:4] and forked.all_messages()[4].parts == fork[4].parts
+
+    (recorded,) = await client.list_runs(forked_from_run_id=origin.run_id)
+    assert recorded.run_id == forked.run_id and recorded.forked_from_snapshot_index == 1
+    tree = await client.run_tree(origin.run_id)
+    assert [child.run.run_id for child in tree.children] == [forked.run_id]
+    with pytest.raises(LookupError, match="retained snapshot 42"):
+        await fork_run(client, run_id=origin.run_id, at=42)
+
+
+async def test_a_malformed_fork_origin_is_refused_before_anything_is_recorded(
+    recorder: RecorderProcess, client
+) -> None:
+    from steprec.proto import wire
+
+    agent = echo_agent(recorder.endpoint, calls=0)
+    with pytest.raises(ValueError, match="snapshot_index"):
+        await agent.run("go", metadata={wire.FORKED_FROM_RUN_ID: "origin", wire.FORKED_FROM_SNAPSHOT: "one"},
+                        conversation_id="conv-bad-fork")  # fmt: skip
+    assert await client.list_runs(conversation_id="conv-bad-fork") == []

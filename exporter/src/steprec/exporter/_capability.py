@@ -47,6 +47,17 @@ def _check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+def _fork_origin(run_metadata: Mapping[str, Any] | None) -> tuple[str, int] | None:
+    """Where a fork's history came from, if `Agent.run(metadata=...)` says (see `ForkedHistory`)."""
+    if not run_metadata or wire.FORKED_FROM_RUN_ID not in run_metadata:
+        return None
+    run_id = check_run_id(run_metadata[wire.FORKED_FROM_RUN_ID], what=wire.FORKED_FROM_RUN_ID)
+    snapshot_index = run_metadata.get(wire.FORKED_FROM_SNAPSHOT)
+    if not isinstance(snapshot_index, int) or snapshot_index < 0:
+        raise ValueError(f"{wire.FORKED_FROM_SNAPSHOT} must be a non-negative integer, got {snapshot_index!r}")
+    return run_id, snapshot_index
+
+
 def _check_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
     if not isinstance(metadata, Mapping):
         raise ValueError(f"metadata must be a mapping of str to str, got {type(metadata).__name__}")
@@ -133,6 +144,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
     _annotations: dict[str, dict[str, str]] = field(default_factory=dict, init=False, repr=False)
     _in_flight: set[str] = field(default_factory=set, init=False, repr=False)
+    _forked_from: tuple[str, int] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_endpoint(self.endpoint)
@@ -202,6 +214,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             )
         )
         run._scope = _records.RunScope(run_id, ctx.conversation_id, parent, agent_name, self.metadata)
+        run._forked_from = _fork_origin(ctx.metadata)
         return run
 
     @property
@@ -247,6 +260,8 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         tool_name: str | None = None,
         error: ErrorText | None = None,
         registration_id: str | None = None,
+        forked_from_run_id: str | None = None,
+        forked_from_snapshot: int | None = None,
         durable: bool = False,
     ) -> str:
         pipeline, scope = self.recording
@@ -262,6 +277,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             error=error,
             registration_id=registration_id,
             max_snapshots=self.max_snapshots_per_run if registration_id else None,
+            forked_from=(forked_from_run_id, forked_from_snapshot) if forked_from_run_id is not None else None,
         )
         self._emit(record)
         if registration_id is None:
@@ -287,6 +303,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         registration_id: str | None = None,
         durable: bool = False,
     ) -> None:
+        fork = self._forked_from if registration_id is not None else None
         event_index = self._event_sequence
         self._event_sequence += 1
         await self._append_event(
@@ -297,6 +314,8 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             tool_name=tool_name,
             error=ErrorText.of(error) if error is not None else None,
             registration_id=registration_id,
+            forked_from_run_id=fork[0] if fork else None,
+            forked_from_snapshot=fork[1] if fork else None,
             durable=durable,
         )
 

@@ -77,6 +77,7 @@ def step_event(
     error: ErrorText | None = None,
     registration_id: str | None = None,
     max_snapshots: int | None = None,
+    forked_from: tuple[str, int] | None = None,
 ) -> LogRecord:
     """One of the nine step events; `run_started` also registers the run id."""
     attributes = scope.attributes(step_index, idempotency_key)
@@ -85,6 +86,8 @@ def step_event(
         (wire.TOOL_NAME, tool_name),
         (wire.REGISTRATION_ID, registration_id),
         (wire.MAX_SNAPSHOTS, max_snapshots),
+        (wire.FORKED_FROM_RUN_ID, forked_from[0] if forked_from else None),
+        (wire.FORKED_FROM_SNAPSHOT, forked_from[1] if forked_from else None),
     ):
         if value is not None:
             attributes[name] = value

@@ -46,6 +46,10 @@ ERROR_MESSAGE: Final = "steprec.error"
 # run_started only: the registration that claims the run id, and retention.
 REGISTRATION_ID: Final = "steprec.run.registration_id"
 MAX_SNAPSHOTS: Final = "steprec.retention.max_snapshots"
+# run_started of a fork: the run and snapshot its history came from. The same names are the keys a
+# caller puts in `Agent.run(metadata=...)` (what `ForkedHistory.metadata` holds).
+FORKED_FROM_RUN_ID: Final = "steprec.run.forked_from.run_id"
+FORKED_FROM_SNAPSHOT: Final = "steprec.run.forked_from.snapshot_index"
 
 # Snapshots.
 SNAPSHOT_INDEX: Final = "steprec.snapshot.index"

@@ -49,6 +49,8 @@ def _run(run: pb.Run) -> RunRecord:
         ended_at=from_unix_nano(run.ended_at_unix_nano) if run.HasField("ended_at_unix_nano") else None,
         outcome=run.outcome,
         registration_id=run.registration_id,
+        forked_from_run_id=_optional(run, "forked_from_run_id"),
+        forked_from_snapshot_index=_optional(run, "forked_from_snapshot_index"),
     )
 
 
@@ -159,6 +161,7 @@ class RecorderClient:
         conversation_id: str | None = None,
         parent_run_id: str | None = None,
         agent_name: str | None = None,
+        forked_from_run_id: str | None = None,
         started_after: datetime | None = None,
         started_before: datetime | None = None,
         outcome: RunOutcome | None = None,
@@ -169,7 +172,8 @@ class RecorderClient:
         page; `iter_runs` yields them without holding them all.
         """
         filters = {"conversation_id": conversation_id, "parent_run_id": parent_run_id, "agent_name": agent_name,
-                   "started_after": started_after, "started_before": started_before, "outcome": outcome}  # fmt: skip
+                   "forked_from_run_id": forked_from_run_id, "started_after": started_after,
+                   "started_before": started_before, "outcome": outcome}  # fmt: skip
         return [run async for run in self.iter_runs(**filters)]
 
     async def iter_runs(self, *, page_size: int = 1000, **filters: Any) -> AsyncIterator[RunRecord]:
@@ -189,14 +193,18 @@ class RecorderClient:
             request.page_token = response.next_page_token
 
     async def run_tree(self, run_id: str) -> RunTree | None:
-        """The run and all its descendants as a tree (children in start order), or None if unknown."""
+        """The run with all its descendants and forks as a tree (children in start order), or None if unknown.
+
+        A fork hangs under the run it was forked from (unless it also has a parent in the tree).
+        """
         try:
             response = await self._call(self._stub.GetRunTree, pb.GetRunTreeRequest(run_id=run_id))
         except LookupError:
             return None
         nodes = {entry.run.run_id: RunTree(run=_run(entry.run), children=[]) for entry in response.runs}
         for entry in response.runs[1:]:  # depth order: every parent comes before its children
-            nodes[entry.run.parent_run_id].children.append(nodes[entry.run.run_id])
+            above = entry.run.parent_run_id if entry.run.parent_run_id in nodes else entry.run.forked_from_run_id
+            nodes[above].children.append(nodes[entry.run.run_id])
         return nodes[run_id]
 
     async def ancestors(self, run_id: str) -> list[RunRecord]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pydantic_ai.messages import ModelMessage
+from steprec.proto import wire
 
 from .client import RecorderClient
 from .types import RecoveryReport
@@ -22,9 +23,39 @@ async def continue_run(client: RecorderClient, *, run_id: str, include_interrupt
     return list(snapshot.messages)
 
 
-async def fork_run(client: RecorderClient, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
-    """The same history as `continue_run`, meant to start a new, branched run from it."""
-    return await continue_run(client, run_id=run_id, include_interrupted=include_interrupted)
+class ForkedHistory(list):
+    """A fork's starting history (a `list[ModelMessage]`), with where it came from.
+
+    Pass `metadata` to `Agent.run(..., metadata=fork.metadata)` and StepRecorder records the new run
+    as a fork of `origin_run_id` at snapshot `origin_snapshot_index`; run trees then show it.
+    """
+
+    def __init__(self, messages: list[ModelMessage], *, origin_run_id: str, origin_snapshot_index: int) -> None:
+        super().__init__(messages)
+        self.origin_run_id = origin_run_id
+        self.origin_snapshot_index = origin_snapshot_index
+
+    @property
+    def metadata(self) -> dict[str, str | int]:
+        return {wire.FORKED_FROM_RUN_ID: self.origin_run_id, wire.FORKED_FROM_SNAPSHOT: self.origin_snapshot_index}
+
+
+async def fork_run(
+    client: RecorderClient, *, run_id: str, include_interrupted: bool = False, at: int | None = None
+) -> ForkedHistory:
+    """The history to start a new, branched run from: the newest snapshot (as `continue_run` picks
+    it) or, with `at`, any retained snapshot by index, whatever its state.
+
+    Raises `LookupError` when there is no such snapshot.
+    """
+    if at is None:
+        snapshot = await client.latest_snapshot(run_id, include_interrupted=include_interrupted)
+    else:
+        snapshot = await client.get_snapshot(run_id, at)
+    if snapshot is None:
+        which = f"retained snapshot {at}" if at is not None else "continuable snapshot"
+        raise LookupError(f"no {which} for run_id {run_id!r}")
+    return ForkedHistory(snapshot.messages, origin_run_id=run_id, origin_snapshot_index=snapshot.snapshot_index)
 
 
 async def inspect_recovery(client: RecorderClient, *, run_id: str) -> RecoveryReport:

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic_ai.messages import ModelMessage
 
 from .client import RecorderClient
-from .resume import continue_run, fork_run, inspect_recovery
+from .resume import ForkedHistory, continue_run, fork_run, inspect_recovery
 from .types import RecoveryReport
 
 
@@ -44,8 +44,8 @@ class SyncRecorderClient:
     def continue_run(self, run_id: str, *, include_interrupted: bool = False) -> list[ModelMessage]:
         return self._run(continue_run(self._client, run_id=run_id, include_interrupted=include_interrupted))
 
-    def fork_run(self, run_id: str, *, include_interrupted: bool = False) -> list[ModelMessage]:
-        return self._run(fork_run(self._client, run_id=run_id, include_interrupted=include_interrupted))
+    def fork_run(self, run_id: str, *, include_interrupted: bool = False, at: int | None = None) -> ForkedHistory:
+        return self._run(fork_run(self._client, run_id=run_id, include_interrupted=include_interrupted, at=at))
 
     def inspect_recovery(self, run_id: str) -> RecoveryReport:
         return self._run(inspect_recovery(self._client, run_id=run_id))

@@ -40,6 +40,9 @@ class RunRecord:
     ended_at: datetime | None
     outcome: RunOutcome
     registration_id: str
+    forked_from_run_id: str | None = None
+    """Set on a fork: the run whose snapshot `forked_from_snapshot_index` it started from."""
+    forked_from_snapshot_index: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,8 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
     "runs": {
         "write_seq": _INT, "run_id": _TEXT, "registration_id": _TEXT, "conversation_id": _TEXT,
         "parent_run_id": _TEXT, "agent_name": _TEXT, "metadata": _META, "started_at": _TS,
-        "max_snapshots": _INT, "trace_id": _TEXT, "span_id": _TEXT,
+        "max_snapshots": _INT, "forked_from_run_id": _TEXT, "forked_from_snapshot_index": _INT,
+        "trace_id": _TEXT, "span_id": _TEXT,
     },
     "events": {
         "write_seq": _INT, "run_id": _TEXT, "kind": _TEXT, "step_index": _INT, "recorded_at": _TS,

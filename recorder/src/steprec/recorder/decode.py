@@ -69,6 +69,8 @@ class StepEventRecord:
     metadata: dict[str, str]
     registration_id: str | None
     max_snapshots: int | None
+    forked_from_run_id: str | None = None
+    forked_from_snapshot: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +205,8 @@ def _step_event(lineage: Lineage, kind: str, fields: _Fields, body: dict[str, ob
         metadata=_metadata(body),
         registration_id=registration_id,
         max_snapshots=fields.integer(wire.MAX_SNAPSHOTS, minimum=1),
+        forked_from_run_id=fields.run_id(wire.FORKED_FROM_RUN_ID),
+        forked_from_snapshot=fields.integer(wire.FORKED_FROM_SNAPSHOT),
     )
 
 

@@ -19,6 +19,7 @@ _RUN_FILTERS = {
     "conversation_id": "conversation_id",
     "parent_run_id": "parent_run_id",
     "agent_name": "agent_name",
+    "forked_from_run_id": "forked_from_run_id",
     "started_at_or_after_unix_nano": "started_at_or_after_ns",
     "started_before_unix_nano": "started_before_ns",
     "outcome": "outcome",
@@ -55,6 +56,8 @@ def _run(row: dict) -> pb.Run:
         parent_run_id=row["parent_run_id"],
         agent_name=row["agent_name"],
         ended_at_unix_nano=row["ended_at_ns"],
+        forked_from_run_id=row["forked_from_run_id"],
+        forked_from_snapshot_index=row["forked_from_snapshot_index"],
     )
     return run
 
@@ -119,8 +122,9 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
         return _run(row)
 
     async def ListRuns(self, request: pb.ListRunsRequest, context) -> pb.ListRunsResponse:  # noqa: N802
-        if request.HasField("parent_run_id"):
-            await _valid_run_id(request.parent_run_id, context)
+        for name in ("parent_run_id", "forked_from_run_id"):
+            if request.HasField(name):
+                await _valid_run_id(getattr(request, name), context)
         if request.HasField("outcome") and request.outcome not in _OUTCOMES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"outcome must be one of {', '.join(_OUTCOMES)}")
         if not 0 <= request.page_size <= _MAX_PAGE:

@@ -23,6 +23,8 @@ _MIGRATIONS: dict[int, str] = {
         metadata MAP(VARCHAR, VARCHAR),
         started_at TIMESTAMPTZ NOT NULL,
         max_snapshots INTEGER,
+        forked_from_run_id VARCHAR,
+        forked_from_snapshot_index INTEGER,
         trace_id VARCHAR,
         span_id VARCHAR
     );

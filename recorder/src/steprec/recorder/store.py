@@ -428,6 +428,8 @@ class DuckDBStore:
                     metadata=list(record.metadata.items()),
                     started_at=lineage.at_unix_nano,
                     max_snapshots=record.max_snapshots,
+                    forked_from_run_id=record.forked_from_run_id,
+                    forked_from_snapshot_index=record.forked_from_snapshot,
                 )
         key = lineage.idempotency_key
         if key is not None:
@@ -694,6 +696,7 @@ class DuckDBStore:
         conversation_id: str | None = None,
         parent_run_id: str | None = None,
         agent_name: str | None = None,
+        forked_from_run_id: str | None = None,
         started_at_or_after_ns: int | None = None,
         started_before_ns: int | None = None,
         outcome: str | None = None,
@@ -710,6 +713,7 @@ class DuckDBStore:
             ("conversation_id", conversation_id),
             ("parent_run_id", parent_run_id),
             ("agent_name", agent_name),
+            ("forked_from_run_id", forked_from_run_id),
         ):
             if value is not None:
                 filters.append(f"r.{column} = ?")
@@ -746,6 +750,7 @@ class DuckDBStore:
                     SELECT * FROM (
                         SELECT c.run_id, c.registration_id, c.conversation_id, c.parent_run_id, c.agent_name,
                                c.metadata, epoch_ns(c.started_at) AS started_at_ns, c.write_seq,
+                               c.forked_from_run_id, c.forked_from_snapshot_index,
                                epoch_ns(x.ended_at) AS ended_at_ns,
                                CASE x.kind WHEN 'run_completed' THEN 'completed' WHEN 'run_failed' THEN 'failed'
                                     ELSE 'running' END AS outcome
@@ -760,7 +765,7 @@ class DuckDBStore:
             cursor.close()
 
     def run_tree(self, run_id: str, *, ancestors: bool) -> list[dict]:
-        """The run with its descendants (or ancestors), each row with its `depth` from the run.
+        """The run with its descendants and forks (or its ancestors), each row with its `depth` from the run.
 
         UNION, not UNION ALL: a parent cycle (possible with explicit parent_run_id values) ends the
         walk instead of looping.
@@ -769,7 +774,8 @@ class DuckDBStore:
             "SELECT p.parent_run_id, t.depth + 1 FROM runs p JOIN tree t ON p.run_id = t.run_id"
             " WHERE p.parent_run_id IS NOT NULL AND"
             if ancestors
-            else "SELECT c.run_id, t.depth + 1 FROM runs c JOIN tree t ON c.parent_run_id = t.run_id WHERE"
+            else "SELECT c.run_id, t.depth + 1 FROM runs c JOIN tree t"
+            " ON c.parent_run_id = t.run_id OR c.forked_from_run_id = t.run_id WHERE"
         )
         cursor = self.cursor()
         try:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"steprec/proto/query/v1/query.proto\x12\x10steprec.query.v1\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xf4\x02\n\x0fListRunsRequest\x12\x1c\n\x0f\x63onversation_id\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rparent_run_id\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nagent_name\x18\x03 \x01(\tH\x02\x88\x01\x01\x12*\n\x1dstarted_at_or_after_unix_nano\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12%\n\x18started_before_unix_nano\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x14\n\x07outcome\x18\x06 \x01(\tH\x05\x88\x01\x01\x12\x11\n\tpage_size\x18\x07 \x01(\x05\x12\x12\n\npage_token\x18\x08 \x01(\tB\x12\n\x10_conversation_idB\x10\n\x0e_parent_run_idB\r\n\x0b_agent_nameB \n\x1e_started_at_or_after_unix_nanoB\x1b\n\x19_started_before_unix_nanoB\n\n\x08_outcome\"P\n\x10ListRunsResponse\x12#\n\x04runs\x18\x01 \x03(\x0b\x32\x15.steprec.query.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x85\x03\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x1c\n\x0f\x63onversation_id\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rparent_run_id\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nagent_name\x18\x04 \x01(\tH\x02\x88\x01\x01\x12\x35\n\x08metadata\x18\x05 \x03(\x0b\x32#.steprec.query.v1.Run.MetadataEntry\x12\x1c\n\x14started_at_unix_nano\x18\x06 \x01(\x03\x12\x1f\n\x12\x65nded_at_unix_nano\x18\x07 \x01(\x03H\x03\x88\x01\x01\x12\x0f\n\x07outcome\x18\x08 \x01(\t\x12\x17\n\x0fregistration_id\x18\t \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x12\n\x10_conversation_idB\x10\n\x0e_parent_run_idB\r\n\x0b_agent_nameB\x15\n\x13_ended_at_unix_nano\"6\n\x11GetRunTreeRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tancestors\x18\x02 \x01(\x08\"=\n\x12GetRunTreeResponse\x12\'\n\x04runs\x18\x01 \x03(\x0b\x32\x19.steprec.query.v1.TreeRun\"<\n\x07TreeRun\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.steprec.query.v1.Run\x12\r\n\x05\x64\x65pth\x18\x02 \x01(\x05\"#\n\x11ListEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"A\n\x12ListEventsResponse\x12+\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1b.steprec.query.v1.StepEvent\"\x95\x04\n\tStepEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\nstep_index\x18\x03 \x01(\x03\x12\x1b\n\x13timestamp_unix_nano\x18\x04 \x01(\x03\x12\x1c\n\x0f\x63onversation_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rparent_run_id\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nagent_name\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x19\n\x0ctool_call_id\x18\x08 \x01(\tH\x03\x88\x01\x01\x12\x16\n\ttool_name\x18\t \x01(\tH\x04\x88\x01\x01\x12\x12\n\x05\x65rror\x18\n \x01(\tH\x05\x88\x01\x01\x12;\n\x08metadata\x18\x0b \x03(\x0b\x32).steprec.query.v1.StepEvent.MetadataEntry\x12\x1c\n\x0fidempotency_key\x18\x0c \x01(\tH\x06\x88\x01\x01\x12\x10\n\x08trace_id\x18\r \x01(\t\x12\x0f\n\x07span_id\x18\x0e \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x12\n\x10_conversation_idB\x10\n\x0e_parent_run_idB\r\n\x0b_agent_nameB\x0f\n\r_tool_call_idB\x0c\n\n_tool_nameB\x08\n\x06_errorB\x12\n\x10_idempotency_key\"r\n\x13ReadSnapshotRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x1b\n\x13include_interrupted\x18\x02 \x01(\x08\x12\x1b\n\x0esnapshot_index\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x11\n\x0f_snapshot_index\"C\n\x14ListSnapshotsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x1b\n\x13include_interrupted\x18\x02 \x01(\x08\"J\n\x15ListSnapshotsResponse\x12\x31\n\tsnapshots\x18\x01 \x03(\x0b\x32\x1e.steprec.query.v1.SnapshotInfo\"<\n\x14GetToolEffectRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x02 \x01(\t\"\x85\x01\n\rSnapshotChunk\x12,\n\x04info\x18\x01 \x01(\x0b\x32\x1e.steprec.query.v1.SnapshotInfo\x12\x15\n\rmessages_json\x18\x02 \x03(\x0c\x12\x15\n\rmessage_piece\x18\x03 \x01(\x0c\x12\x18\n\x10message_complete\x18\x04 \x01(\x08\"\xc7\x02\n\x0cSnapshotInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0esnapshot_index\x18\x02 \x01(\x03\x12\x12\n\nstep_index\x18\x03 \x01(\x03\x12\r\n\x05state\x18\x04 \x01(\t\x12\x1b\n\x13timestamp_unix_nano\x18\x05 \x01(\x03\x12\x1c\n\x0f\x63onversation_id\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rparent_run_id\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nagent_name\x18\x08 \x01(\tH\x02\x88\x01\x01\x12\x1c\n\x0fidempotency_key\x18\t \x01(\tH\x03\x88\x01\x01\x12\x15\n\rmessage_count\x18\n \x01(\x03\x42\x12\n\x10_conversation_idB\x10\n\x0e_parent_run_idB\r\n\x0b_agent_nameB\x12\n\x10_idempotency_key\"A\n\x16ListToolEffectsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x17\n\x0funresolved_only\x18\x02 \x01(\x08\"H\n\x17ListToolEffectsResponse\x12-\n\x07\x65\x66\x66\x65\x63ts\x18\x01 \x03(\x0b\x32\x1c.steprec.query.v1.ToolEffect\"\x8d\x02\n\nToolEffect\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x1c\n\x14started_at_unix_nano\x18\x05 \x01(\x03\x12\x1f\n\x12\x65nded_at_unix_nano\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x1c\n\x0fidempotency_key\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x1b\n\x0e\x65\x66\x66\x65\x63t_summary\x18\x08 \x01(\tH\x02\x88\x01\x01\x42\x15\n\x13_ended_at_unix_nanoB\x12\n\x10_idempotency_keyB\x11\n\x0f_effect_summary2\xd1\x05\n\rRecorderQuery\x12@\n\x06GetRun\x12\x1f.steprec.query.v1.GetRunRequest\x1a\x15.steprec.query.v1.Run\x12Q\n\x08ListRuns\x12!.steprec.query.v1.ListRunsRequest\x1a\".steprec.query.v1.ListRunsResponse\x12W\n\nGetRunTree\x12#.steprec.query.v1.GetRunTreeRequest\x1a$.steprec.query.v1.GetRunTreeResponse\x12W\n\nListEvents\x12#.steprec.query.v1.ListEventsRequest\x1a$.steprec.query.v1.ListEventsResponse\x12X\n\x0cReadSnapshot\x12%.steprec.query.v1.ReadSnapshotRequest\x1a\x1f.steprec.query.v1.SnapshotChunk0\x01\x12`\n\rListSnapshots\x12&.steprec.query.v1.ListSnapshotsRequest\x1a\'.steprec.query.v1.ListSnapshotsResponse\x12\x66\n\x0fListToolEffects\x12(.steprec.query.v1.ListToolEffectsRequest\x1a).steprec.query.v1.ListToolEffectsResponse\x12U\n\rGetToolEffect\x12&.steprec.query.v1.GetToolEffectRequest\x1a\x1c.steprec.query.v1.ToolEffectb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"steprec/proto/query/v1/query.proto\x12\x10steprec.query.v1\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xac\x03\n\x0fListRunsRequest\x12\x1c\n\x0f\x63onversation_id\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rparent_run_id\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nagent_name\x18\x03 \x01(\tH\x02\x88\x01\x01\x12*\n\x1dstarted_at_or_after_unix_nano\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12%\n\x18started_before_unix_nano\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x14\n\x07outcome\x18\x06 \x01(\tH\x05\x88\x01\x01\x12\x11\n\tpage_size\x18\x07 \x01(\x05\x12\x12\n\npage_token\x18\x08 \x01(\t\x12\x1f\n\x12\x66orked_from_run_id\x18\t \x01(\tH\x06\x88\x01\x01\x42\x12\n\x10_conversation_idB\x10\n\x0e_parent_run_idB\r\n\x0b_agent_nameB \n\x1e_started_at_or_after_unix_nanoB\x1b\n\x19_started_before_unix_nanoB\n\n\x08_outcomeB\x15\n\x13_forked_from_run_id\"P\n\x10ListRunsResponse\x12#\n\x04runs\x18\x01 \x03(\x0b\x32\x15.steprec.query.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x85\x04\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x1c\n\x0f\x63onversation_id\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rparent_run_id\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nagent_name\x18\x04 \x01(\tH\x02\x88\x01\x01\x12\x35\n\x08metadata\x18\x05 \x03(\x0b\x32#.steprec.query.v1.Run.MetadataEntry\x12\x1c\n\x14started_at_unix_nano\x18\x06 \x01(\x03\x12\x1f\n\x12\x65nded_at_unix_nano\x18\x07 \x01(\x03H\x03\x88\x01\x01\x12\x0f\n\x07outcome\x18\x08 \x01(\t\x12\x17\n\x0fregistration_id\x18\t \x01(\t\x12\x1f\n\x12\x66orked_from_run_id\x18\n \x01(\tH\x04\x88\x01\x01\x12\'\n\x1a\x66orked_from_snapshot_index\x18\x0b \x01(\x03H\x05\x88\x01\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x12\n\x10_conversation_idB\x10\n\x0e_parent_run_idB\r\n\x0b_agent_nameB\x15\n\x13_ended_at_unix_nanoB\x15\n\x13_forked_from_run_idB\x1d\n\x1b_forked_from_snapshot_index\"6\n\x11GetRunTreeRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tancestors\x18\x02 \x01(\x08\"=\n\x12GetRunTreeResponse\x12\'\n\x04runs\x18\x01 \x03(\x0b\x32\x19.steprec.query.v1.TreeRun\"<\n\x07TreeRun\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.steprec.query.v1.Run\x12\r\n\x05\x64\x65pth\x18\x02 \x01(\x05\"#\n\x11ListEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"A\n\x12ListEventsResponse\x12+\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1b.steprec.query.v1.StepEvent\"\x95\x04\n\tStepEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\nstep_index\x18\x03 \x01(\x03\x12\x1b\n\x13timestamp_unix_nano\x18\x04 \x01(\x03\x12\x1c\n\x0f\x63onversation_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rparent_run_id\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nagent_name\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x19\n\x0ctool_call_id\x18\x08 \x01(\tH\x03\x88\x01\x01\x12\x16\n\ttool_name\x18\t \x01(\tH\x04\x88\x01\x01\x12\x12\n\x05\x65rror\x18\n \x01(\tH\x05\x88\x01\x01\x12;\n\x08metadata\x18\x0b \x03(\x0b\x32).steprec.query.v1.StepEvent.MetadataEntry\x12\x1c\n\x0fidempotency_key\x18\x0c \x01(\tH\x06\x88\x01\x01\x12\x10\n\x08trace_id\x18\r \x01(\t\x12\x0f\n\x07span_id\x18\x0e \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x12\n\x10_conversation_idB\x10\n\x0e_parent_run_idB\r\n\x0b_agent_nameB\x0f\n\r_tool_call_idB\x0c\n\n_tool_nameB\x08\n\x06_errorB\x12\n\x10_idempotency_key\"r\n\x13ReadSnapshotRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x1b\n\x13include_interrupted\x18\x02 \x01(\x08\x12\x1b\n\x0esnapshot_index\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x11\n\x0f_snapshot_index\"C\n\x14ListSnapshotsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x1b\n\x13include_interrupted\x18\x02 \x01(\x08\"J\n\x15ListSnapshotsResponse\x12\x31\n\tsnapshots\x18\x01 \x03(\x0b\x32\x1e.steprec.query.v1.SnapshotInfo\"<\n\x14GetToolEffectRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x02 \x01(\t\"\x85\x01\n\rSnapshotChunk\x12,\n\x04info\x18\x01 \x01(\x0b\x32\x1e.steprec.query.v1.SnapshotInfo\x12\x15\n\rmessages_json\x18\x02 \x03(\x0c\x12\x15\n\rmessage_piece\x18\x03 \x01(\x0c\x12\x18\n\x10message_complete\x18\x04 \x01(\x08\"\xc7\x02\n\x0cSnapshotInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0esnapshot_index\x18\x02 \x01(\x03\x12\x12\n\nstep_index\x18\x03 \x01(\x03\x12\r\n\x05state\x18\x04 \x01(\t\x12\x1b\n\x13timestamp_unix_nano\x18\x05 \x01(\x03\x12\x1c\n\x0f\x63onversation_id\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rparent_run_id\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nagent_name\x18\x08 \x01(\tH\x02\x88\x01\x01\x12\x1c\n\x0fidempotency_key\x18\t \x01(\tH\x03\x88\x01\x01\x12\x15\n\rmessage_count\x18\n \x01(\x03\x42\x12\n\x10_conversation_idB\x10\n\x0e_parent_run_idB\r\n\x0b_agent_nameB\x12\n\x10_idempotency_key\"A\n\x16ListToolEffectsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x17\n\x0funresolved_only\x18\x02 \x01(\x08\"H\n\x17ListToolEffectsResponse\x12-\n\x07\x65\x66\x66\x65\x63ts\x18\x01 \x03(\x0b\x32\x1c.steprec.query.v1.ToolEffect\"\x8d\x02\n\nToolEffect\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x1c\n\x14started_at_unix_nano\x18\x05 \x01(\x03\x12\x1f\n\x12\x65nded_at_unix_nano\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x1c\n\x0fidempotency_key\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x1b\n\x0e\x65\x66\x66\x65\x63t_summary\x18\x08 \x01(\tH\x02\x88\x01\x01\x42\x15\n\x13_ended_at_unix_nanoB\x12\n\x10_idempotency_keyB\x11\n\x0f_effect_summary2\xd1\x05\n\rRecorderQuery\x12@\n\x06GetRun\x12\x1f.steprec.query.v1.GetRunRequest\x1a\x15.steprec.query.v1.Run\x12Q\n\x08ListRuns\x12!.steprec.query.v1.ListRunsRequest\x1a\".steprec.query.v1.ListRunsResponse\x12W\n\nGetRunTree\x12#.steprec.query.v1.GetRunTreeRequest\x1a$.steprec.query.v1.GetRunTreeResponse\x12W\n\nListEvents\x12#.steprec.query.v1.ListEventsRequest\x1a$.steprec.query.v1.ListEventsResponse\x12X\n\x0cReadSnapshot\x12%.steprec.query.v1.ReadSnapshotRequest\x1a\x1f.steprec.query.v1.SnapshotChunk0\x01\x12`\n\rListSnapshots\x12&.steprec.query.v1.ListSnapshotsRequest\x1a\'.steprec.query.v1.ListSnapshotsResponse\x12\x66\n\x0fListToolEffects\x12(.steprec.query.v1.ListToolEffectsRequest\x1a).steprec.query.v1.ListToolEffectsResponse\x12U\n\rGetToolEffect\x12&.steprec.query.v1.GetToolEffectRequest\x1a\x1c.steprec.query.v1.ToolEffectb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,45 +38,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETRUNREQUEST']._serialized_start=56
   _globals['_GETRUNREQUEST']._serialized_end=87
   _globals['_LISTRUNSREQUEST']._serialized_start=90
-  _globals['_LISTRUNSREQUEST']._serialized_end=462
-  _globals['_LISTRUNSRESPONSE']._serialized_start=464
-  _globals['_LISTRUNSRESPONSE']._serialized_end=544
-  _globals['_RUN']._serialized_start=547
-  _globals['_RUN']._serialized_end=936
-  _globals['_RUN_METADATAENTRY']._serialized_start=813
-  _globals['_RUN_METADATAENTRY']._serialized_end=860
-  _globals['_GETRUNTREEREQUEST']._serialized_start=938
-  _globals['_GETRUNTREEREQUEST']._serialized_end=992
-  _globals['_GETRUNTREERESPONSE']._serialized_start=994
-  _globals['_GETRUNTREERESPONSE']._serialized_end=1055
-  _globals['_TREERUN']._serialized_start=1057
-  _globals['_TREERUN']._serialized_end=1117
-  _globals['_LISTEVENTSREQUEST']._serialized_start=1119
-  _globals['_LISTEVENTSREQUEST']._serialized_end=1154
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=1156
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=1221
-  _globals['_STEPEVENT']._serialized_start=1224
-  _globals['_STEPEVENT']._serialized_end=1757
-  _globals['_STEPEVENT_METADATAENTRY']._serialized_start=813
-  _globals['_STEPEVENT_METADATAENTRY']._serialized_end=860
-  _globals['_READSNAPSHOTREQUEST']._serialized_start=1759
-  _globals['_READSNAPSHOTREQUEST']._serialized_end=1873
-  _globals['_LISTSNAPSHOTSREQUEST']._serialized_start=1875
-  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=1942
-  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=1944
-  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=2018
-  _globals['_GETTOOLEFFECTREQUEST']._serialized_start=2020
-  _globals['_GETTOOLEFFECTREQUEST']._serialized_end=2080
-  _globals['_SNAPSHOTCHUNK']._serialized_start=2083
-  _globals['_SNAPSHOTCHUNK']._serialized_end=2216
-  _globals['_SNAPSHOTINFO']._serialized_start=2219
-  _globals['_SNAPSHOTINFO']._serialized_end=2546
-  _globals['_LISTTOOLEFFECTSREQUEST']._serialized_start=2548
-  _globals['_LISTTOOLEFFECTSREQUEST']._serialized_end=2613
-  _globals['_LISTTOOLEFFECTSRESPONSE']._serialized_start=2615
-  _globals['_LISTTOOLEFFECTSRESPONSE']._serialized_end=2687
-  _globals['_TOOLEFFECT']._serialized_start=2690
-  _globals['_TOOLEFFECT']._serialized_end=2959
-  _globals['_RECORDERQUERY']._serialized_start=2962
-  _globals['_RECORDERQUERY']._serialized_end=3683
+  _globals['_LISTRUNSREQUEST']._serialized_end=518
+  _globals['_LISTRUNSRESPONSE']._serialized_start=520
+  _globals['_LISTRUNSRESPONSE']._serialized_end=600
+  _globals['_RUN']._serialized_start=603
+  _globals['_RUN']._serialized_end=1120
+  _globals['_RUN_METADATAENTRY']._serialized_start=943
+  _globals['_RUN_METADATAENTRY']._serialized_end=990
+  _globals['_GETRUNTREEREQUEST']._serialized_start=1122
+  _globals['_GETRUNTREEREQUEST']._serialized_end=1176
+  _globals['_GETRUNTREERESPONSE']._serialized_start=1178
+  _globals['_GETRUNTREERESPONSE']._serialized_end=1239
+  _globals['_TREERUN']._serialized_start=1241
+  _globals['_TREERUN']._serialized_end=1301
+  _globals['_LISTEVENTSREQUEST']._serialized_start=1303
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1338
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1340
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1405
+  _globals['_STEPEVENT']._serialized_start=1408
+  _globals['_STEPEVENT']._serialized_end=1941
+  _globals['_STEPEVENT_METADATAENTRY']._serialized_start=943
+  _globals['_STEPEVENT_METADATAENTRY']._serialized_end=990
+  _globals['_READSNAPSHOTREQUEST']._serialized_start=1943
+  _globals['_READSNAPSHOTREQUEST']._serialized_end=2057
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_start=2059
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=2126
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=2128
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=2202
+  _globals['_GETTOOLEFFECTREQUEST']._serialized_start=2204
+  _globals['_GETTOOLEFFECTREQUEST']._serialized_end=2264
+  _globals['_SNAPSHOTCHUNK']._serialized_start=2267
+  _globals['_SNAPSHOTCHUNK']._serialized_end=2400
+  _globals['_SNAPSHOTINFO']._serialized_start=2403
+  _globals['_SNAPSHOTINFO']._serialized_end=2730
+  _globals['_LISTTOOLEFFECTSREQUEST']._serialized_start=2732
+  _globals['_LISTTOOLEFFECTSREQUEST']._serialized_end=2797
+  _globals['_LISTTOOLEFFECTSRESPONSE']._serialized_start=2799
+  _globals['_LISTTOOLEFFECTSRESPONSE']._serialized_end=2871
+  _globals['_TOOLEFFECT']._serialized_start=2874
+  _globals['_TOOLEFFECT']._serialized_end=3143
+  _globals['_RECORDERQUERY']._serialized_start=3146
+  _globals['_RECORDERQUERY']._serialized_end=3867
 # @@protoc_insertion_point(module_scope)

@@ -13,7 +13,7 @@ class GetRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("conversation_id", "parent_run_id", "agent_name", "started_at_or_after_unix_nano", "started_before_unix_nano", "outcome", "page_size", "page_token")
+    __slots__ = ("conversation_id", "parent_run_id", "agent_name", "started_at_or_after_unix_nano", "started_before_unix_nano", "outcome", "page_size", "page_token", "forked_from_run_id")
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class ListRunsRequest(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     conversation_id: str
     parent_run_id: str
     agent_name: str
@@ -30,7 +31,8 @@ class ListRunsRequest(_message.Message):
     outcome: str
     page_size: int
     page_token: str
-    def __init__(self, conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., started_at_or_after_unix_nano: _Optional[int] = ..., started_before_unix_nano: _Optional[int] = ..., outcome: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    forked_from_run_id: str
+    def __init__(self, conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., started_at_or_after_unix_nano: _Optional[int] = ..., started_before_unix_nano: _Optional[int] = ..., outcome: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., forked_from_run_id: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")
@@ -41,7 +43,7 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "conversation_id", "parent_run_id", "agent_name", "metadata", "started_at_unix_nano", "ended_at_unix_nano", "outcome", "registration_id")
+    __slots__ = ("run_id", "conversation_id", "parent_run_id", "agent_name", "metadata", "started_at_unix_nano", "ended_at_unix_nano", "outcome", "registration_id", "forked_from_run_id", "forked_from_snapshot_index")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +60,8 @@ class Run(_message.Message):
     ENDED_AT_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     conversation_id: str
     parent_run_id: str
@@ -67,7 +71,9 @@ class Run(_message.Message):
     ended_at_unix_nano: int
     outcome: str
     registration_id: str
-    def __init__(self, run_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., started_at_unix_nano: _Optional[int] = ..., ended_at_unix_nano: _Optional[int] = ..., outcome: _Optional[str] = ..., registration_id: _Optional[str] = ...) -> None: ...
+    forked_from_run_id: str
+    forked_from_snapshot_index: int
+    def __init__(self, run_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., started_at_unix_nano: _Optional[int] = ..., ended_at_unix_nano: _Optional[int] = ..., outcome: _Optional[str] = ..., registration_id: _Optional[str] = ..., forked_from_run_id: _Optional[str] = ..., forked_from_snapshot_index: _Optional[int] = ...) -> None: ...
 
 class GetRunTreeRequest(_message.Message):
     __slots__ = ("run_id", "ancestors")
