@@ -17,6 +17,7 @@ def test_demo_runs_end_to_end_and_keeps_its_data(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "└── librarian" in out  # the delegate hangs under the planner in the tree
+    assert "(fork of its snapshot" in out  # and the fork under the run it came from
     assert "booker failed as planned" in out and "[failed]" in out
     assert "continue_run(" in out and "fork_run(" in out
     assert "recorder stopped cleanly" in out

@@ -92,11 +92,15 @@ def _build_agents(endpoint: str) -> tuple[Agent, Agent, Agent]:
     return planner, librarian, booker
 
 
-def _print_tree(runs: list[RunRecord], children: dict[str | None, list[RunRecord]], depth: int = 0) -> None:
-    for run in runs:
-        label = run.agent_name or "?"
-        print(f"{'    ' * depth}{'└── ' if depth else ''}{label}  {run.run_id}  [{run.outcome}]")
-        _print_tree(children.get(run.run_id, []), children, depth + 1)
+async def _print_forest(client: RecorderClient) -> list[RunRecord]:
+    """Every run tree the recorder holds (delegates and forks under their origin); returns all runs."""
+    runs = await client.list_runs()
+    for root in (r for r in runs if r.parent_run_id is None and r.forked_from_run_id is None):
+        tree = await client.run_tree(root.run_id)
+        for depth, run in tree.walk():
+            fork = f"  (fork of its snapshot {run.forked_from_snapshot_index})" if run.forked_from_run_id else ""
+            print(f"{'    ' * depth}{'└── ' if depth else ''}{run.agent_name}  {run.run_id}  [{run.outcome}]{fork}")
+    return runs
 
 
 async def _summary(client: RecorderClient, run: RunRecord) -> str:
@@ -137,12 +141,8 @@ async def _record_and_read_back(endpoint: str) -> None:
         print(f"   booker failed as planned: {error}")
 
     async with RecorderClient(endpoint) as client:
-        runs = await client.list_runs()
-        children: dict[str | None, list[RunRecord]] = {}
-        for run in runs:
-            children.setdefault(run.parent_run_id, []).append(run)
-        print("\n3. read back over gRPC - run tree:")
-        _print_tree(children.get(None, []), children)
+        print("\n3. read back over gRPC - run trees:")
+        runs = await _print_forest(client)
         print("\n   per run:")
         for run in runs:
             print(await _summary(client, run))
@@ -165,12 +165,10 @@ async def _record_and_read_back(endpoint: str) -> None:
             name="booker",
             capabilities=[StepRecorder(endpoint=endpoint)],
         )
-        forked_result = await fork_agent.run("Confirm the booking", message_history=forked, conversation_id="demo-fork")
+        forked_result = await fork_agent.run(
+            "Confirm the booking", message_history=forked, metadata=forked.metadata, conversation_id="demo-fork"
+        )
         print(f"   forked booker said: {forked_result.output}")
 
-        runs = await client.list_runs()
-        print(f"\n6. the recorder now holds {len(runs)} runs:")
-        children = {}
-        for run in runs:
-            children.setdefault(run.parent_run_id, []).append(run)
-        _print_tree(children.get(None, []), children)
+        print("\n6. the recorder now holds these runs:")
+        await _print_forest(client)
