@@ -51,6 +51,6 @@ def test_the_command_reports_a_bad_setting_without_a_traceback(tmp_path: Path) -
     steprec = Path(sys.executable).parent / "steprec"
     result = subprocess.run([str(steprec), "serve", "--listen", "nowhere", "--data", str(tmp_path)],
                             capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert result.returncode == 1
+    assert result.returncode == 2  # a bad setting is a bad argument (cli.EXIT_CODES)
     assert "steprec serve: --listen: 'nowhere' is not HOST:PORT" in result.stderr
     assert "Traceback" not in result.stderr

@@ -20,6 +20,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_CODES = ((LookupError, 3), (ConnectionError, 4), (PermissionError, 5), (ValueError, 2))
+"""Exit codes scripts can rely on: not found 3, recorder unreachable 4, refused 5, bad value 2, else 1."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     options = parser.parse_args(argv)
@@ -29,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as error:  # a person gets a sentence, not a traceback
         print(f"steprec {options.command}: {error}", file=sys.stderr)
-        return 1
+        return next((code for kind, code in EXIT_CODES if isinstance(error, kind)), 1)
 
 
 if __name__ == "__main__":
