@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 from pydantic_ai.messages import ModelMessagesTypeAdapter
+from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.proto.tls import ClientTLS
@@ -130,6 +131,7 @@ class RecorderClient:
         else:
             self._channel = grpc.aio.insecure_channel(address)
         self._stub = query_pb2_grpc.RecorderQueryStub(self._channel)
+        self._admin = admin_pb2_grpc.RecorderAdminStub(self._channel)
 
     async def __aenter__(self) -> RecorderClient:
         return self
@@ -278,6 +280,22 @@ class RecorderClient:
         """Tool calls that started and never finished: their side effect may or may not have happened."""
         request = pb.ListToolEffectsRequest(run_id=run_id, unresolved_only=True)
         return [_effect(effect) for effect in (await self._call(self._stub.ListToolEffects, request)).effects]
+
+    async def prune(
+        self, *, started_before: datetime | None = None, conversation_id: str | None = None, dry_run: bool = False
+    ) -> dict[str, int]:
+        """Remove whole runs by start time and/or conversation, then messages and media nothing refers to.
+
+        Returns what was (or, with `dry_run`, would be) removed, by kind. Give the client a
+        `timeout_seconds` long enough for the store it prunes.
+        """
+        request = admin_pb2.PruneRequest(dry_run=dry_run)
+        if started_before is not None:
+            request.started_before_unix_nano = to_unix_nano(started_before)
+        if conversation_id is not None:
+            request.conversation_id = conversation_id
+        result = await self._call(self._admin.Prune, request)
+        return {field.name: getattr(result, field.name) for field in result.DESCRIPTOR.fields}
 
 
 def _translate(error: grpc.aio.AioRpcError, endpoint: str) -> Exception:

@@ -7,12 +7,9 @@ import asyncio
 import json
 import os
 import re
-import time
+from datetime import UTC, datetime, timedelta
 
-import grpc
-from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
-
-from .client import DEFAULT_ENDPOINT
+from .client import DEFAULT_ENDPOINT, RecorderClient
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -32,21 +29,11 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _prune(options: argparse.Namespace) -> int:
-    request = admin_pb2.PruneRequest(dry_run=options.dry_run)
-    if options.older_than is not None:
-        request.started_before_unix_nano = time.time_ns() - options.older_than * 1_000_000_000
-    if options.conversation is not None:
-        request.conversation_id = options.conversation
-    token = os.environ.get("STEPREC_TOKEN")
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    async with grpc.aio.insecure_channel(options.endpoint.removeprefix("http://")) as channel:
-        try:
-            result = await admin_pb2_grpc.RecorderAdminStub(channel).Prune(request, timeout=300, metadata=metadata)
-        except grpc.aio.AioRpcError as error:
-            raise RuntimeError(
-                f"the recorder at {options.endpoint} answered {error.code().name}: {error.details()}"
-            ) from None
-    counts = {field.name: getattr(result, field.name) for field in result.DESCRIPTOR.fields}
+    cutoff = datetime.now(UTC) - timedelta(seconds=options.older_than) if options.older_than is not None else None
+    async with RecorderClient(options.endpoint, timeout_seconds=300) as client:
+        counts = await client.prune(
+            started_before=cutoff, conversation_id=options.conversation, dry_run=options.dry_run
+        )
     if options.json:
         print(json.dumps({"dry_run": options.dry_run, **counts}))
     else:
