@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -21,6 +23,14 @@ from steprec.exporter import StepRecorder, shutdown_pipelines
 from steprec.query import RecorderClient, continue_run
 
 from .agents import tool_returns
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spawn(mode: str, endpoint: str, conversation: str) -> subprocess.CompletedProcess[str]:
+    """Run this agent in a new Python process and wait for it to finish or die."""
+    command = [sys.executable, "-m", "tests.crash_agent", mode, endpoint, conversation]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def _die() -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -15,17 +13,11 @@ from steprec.query import RecorderClient
 from steprec.recorder.process import RecorderProcess
 
 from .agents import echo_agent
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _agent_process(mode: str, endpoint: str, conversation: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "tests.crash_agent", mode, endpoint, conversation]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+from .crash_agent import spawn
 
 
 async def test_killed_right_after_a_tool_returned(recorder: RecorderProcess, client: RecorderClient) -> None:
-    crashed = _agent_process("after_tool_return", recorder.endpoint, "conv-kill-after")
+    crashed = spawn("after_tool_return", recorder.endpoint, "conv-kill-after")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     (run,) = await client.list_runs(conversation_id="conv-kill-after")
     assert run.outcome == "running"  # it never got to say otherwise
@@ -35,7 +27,7 @@ async def test_killed_right_after_a_tool_returned(recorder: RecorderProcess, cli
     assert await client.list_unresolved_tool_effects(run.run_id) == []
 
     # A new process resumes from that point: no charge is repeated, one more is made.
-    resumed = _agent_process("continue", recorder.endpoint, "conv-kill-after")
+    resumed = spawn("continue", recorder.endpoint, "conv-kill-after")
     assert resumed.returncode == 0 and "charged 3 times" in resumed.stdout, resumed.stderr
     runs = await client.list_runs(conversation_id="conv-kill-after")
     assert [r.outcome for r in runs] == ["running", "completed"]
@@ -44,7 +36,7 @@ async def test_killed_right_after_a_tool_returned(recorder: RecorderProcess, cli
 
 
 async def test_killed_inside_a_tool(recorder: RecorderProcess, client: RecorderClient) -> None:
-    crashed = _agent_process("inside_tool", recorder.endpoint, "conv-kill-inside")
+    crashed = spawn("inside_tool", recorder.endpoint, "conv-kill-inside")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     (run,) = await client.list_runs(conversation_id="conv-kill-inside")
     events = await client.list_events(run.run_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
@@ -10,6 +12,7 @@ from steprec.exporter import StepRecorder
 from steprec.query import RecorderClient, continue_run, fork_run
 from steprec.recorder.process import RecorderProcess
 
+from . import resume_agent
 from .agents import calls_tool_then_answers, echo_agent, tool_returns
 
 
@@ -92,3 +95,32 @@ async def test_reading_an_unknown_run(client: RecorderClient) -> None:
         await continue_run(client, run_id="never-recorded")
     with pytest.raises(ValueError, match="run_id"):
         await client.list_events("../etc/passwd")
+
+
+async def test_a_new_process_continues_one_run_and_forks_another_from_an_earlier_snapshot(
+    recorder: RecorderProcess, client: RecorderClient
+) -> None:
+    first = await echo_agent(recorder.endpoint, calls=3).run("go", conversation_id="conv-resume")
+    second = await echo_agent(recorder.endpoint, calls=2).run("go", conversation_id="conv-other")
+    continued, forked = await asyncio.gather(
+        asyncio.to_thread(resume_agent.spawn, "continue", recorder.endpoint, first.run_id),
+        asyncio.to_thread(resume_agent.spawn, "fork", recorder.endpoint, second.run_id, 1),
+    )
+    # Continuing picks up the whole history: three answered calls, then one more.
+    assert continued["history"] == len(first.all_messages()) and continued["output"] == "saw 4 returns"
+    # The fork starts from snapshot 1 (after two tool cycles: five messages), not the newest one.
+    assert forked["history"] == 5 and forked["output"] == "saw 3 returns"
+
+    resumed = await client.get_run(continued["run_id"])
+    assert resumed.conversation_id == "conv-resume" and resumed.forked_from_run_id is None
+    assert resumed.outcome == "completed"
+    branch = await client.get_run(forked["run_id"])
+    assert (branch.forked_from_run_id, branch.forked_from_snapshot_index) == (second.run_id, 1)
+    assert branch.outcome == "completed"
+    tree = await client.run_tree(second.run_id)
+    assert [child.run.run_id for child in tree.children] == [forked["run_id"]]
+    assert [run.run_id for run in await client.list_runs(forked_from_run_id=second.run_id)] == [forked["run_id"]]
+    # The continued run's snapshots extend the recorded history message for message.
+    newest = await client.latest_snapshot(continued["run_id"])
+    assert len(newest.messages) > len(first.all_messages())
+    assert [m.kind for m in newest.messages[: len(first.all_messages())]] == [m.kind for m in first.all_messages()]

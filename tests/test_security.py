@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import secrets
 import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -130,3 +134,42 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate(tmp_path: Path,
     finally:
         shutdown_pipelines()
         recorder.stop()
+
+
+def _steprec(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "steprec.query.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+
+
+async def test_the_commands_take_a_token_file_and_tls_options(guarded, tmp_path: Path, certificates: Path) -> None:
+    recorder, token = guarded
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("STEPREC_")}
+    (tmp_path / "cli-token").write_text(token + "\n")
+    at = ("--endpoint", recorder.endpoint)
+    anonymous, with_token, missing_file = await asyncio.gather(
+        asyncio.to_thread(_steprec, "runs", *at, env=clean_env),
+        asyncio.to_thread(
+            _steprec,
+            "sql",
+            "SELECT count(*) AS n FROM runs",
+            "--json",
+            *at,
+            "--token-file",
+            str(tmp_path / "cli-token"),
+            env=clean_env,
+        ),  # fmt: skip
+        asyncio.to_thread(_steprec, "runs", *at, "--token-file", str(tmp_path / "nope"), env=clean_env),
+    )
+    assert anonymous.returncode == 5 and "refused" in anonymous.stderr
+    assert with_token.returncode == 0 and json.loads(with_token.stdout) == [{"n": 0}], with_token.stderr
+    assert missing_file.returncode == 2 and "cannot read --token-file" in missing_file.stderr
+    assert token not in anonymous.stderr + with_token.stderr + missing_file.stderr
+
+    mutual = _tls_recorder(tmp_path / "mtls", certificates, mutual=True)
+    try:
+        pki = [f"--tls-{name}={certificates / file}" for name, file in
+               (("ca", "ca.pem"), ("cert", "client.pem"), ("key", "client.key"))]  # fmt: skip
+        listed = await asyncio.to_thread(_steprec, "runs", "--json", "--endpoint", mutual.endpoint, *pki, env=clean_env)
+        assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    finally:
+        mutual.stop()

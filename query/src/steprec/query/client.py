@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any
 
 import grpc
+import pyarrow as pa
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
 from steprec.proto.query.v1 import query_pb2 as pb
@@ -33,6 +34,10 @@ DEFAULT_ENDPOINT = "127.0.0.1:4317"
 
 class RecorderUnavailable(ConnectionError):
     """The recorder could not be reached or did not answer in time."""
+
+
+class RecorderBusy(RuntimeError):
+    """The recorder is running as many SQL queries as it allows; try again shortly."""
 
 
 def _optional(message, name: str):
@@ -150,6 +155,15 @@ class RecorderClient:
         except grpc.aio.AioRpcError as error:
             raise _translate(error, self.endpoint) from None
 
+    async def _stream(self, method, request, *, timeout: float | None = -1.0) -> AsyncIterator[Any]:
+        """The messages of a server-streaming call, with errors translated like `_call`'s."""
+        try:
+            async for message in method(request, timeout=self.timeout if timeout == -1.0 else timeout,
+                                        metadata=self._metadata):  # fmt: skip
+                yield message
+        except grpc.aio.AioRpcError as error:
+            raise _translate(error, self.endpoint) from None
+
     async def get_run(self, run_id: str) -> RunRecord | None:
         """The run, or None when the recorder never saw it."""
         try:
@@ -199,23 +213,26 @@ class RecorderClient:
 
         A fork hangs under the run it was forked from (unless it also has a parent in the tree).
         """
-        try:
-            response = await self._call(self._stub.GetRunTree, pb.GetRunTreeRequest(run_id=run_id))
-        except LookupError:
+        entries = await self._tree(pb.GetRunTreeRequest(run_id=run_id))
+        if not entries:
             return None
-        nodes = {entry.run.run_id: RunTree(run=_run(entry.run), children=[]) for entry in response.runs}
-        for entry in response.runs[1:]:  # depth order: every parent comes before its children
+        nodes = {entry.run.run_id: RunTree(run=_run(entry.run), children=[]) for entry in entries}
+        for entry in entries[1:]:  # depth order: every parent comes before its children
             above = entry.run.parent_run_id if entry.run.parent_run_id in nodes else entry.run.forked_from_run_id
             nodes[above].children.append(nodes[entry.run.run_id])
         return nodes[run_id]
 
     async def ancestors(self, run_id: str) -> list[RunRecord]:
         """The runs above this one, its parent first and the root last (empty for a root)."""
+        return [
+            _run(entry.run) for entry in (await self._tree(pb.GetRunTreeRequest(run_id=run_id, ancestors=True)))[1:]
+        ]
+
+    async def _tree(self, request: pb.GetRunTreeRequest) -> list[pb.TreeRun]:
         try:
-            response = await self._call(self._stub.GetRunTree, pb.GetRunTreeRequest(run_id=run_id, ancestors=True))
+            return [entry async for page in self._stream(self._stub.GetRunTree, request) for entry in page.runs]
         except LookupError:
             return []
-        return [_run(entry.run) for entry in response.runs[1:]]
 
     async def list_events(self, run_id: str) -> list[StepEvent]:
         """A run's step events in write order."""
@@ -238,7 +255,7 @@ class RecorderClient:
     async def _read_snapshot(self, request: pb.ReadSnapshotRequest) -> Snapshot | None:
         info, messages, piece = None, [], bytearray()
         try:
-            async for chunk in self._stub.ReadSnapshot(request, timeout=self.timeout, metadata=self._metadata):
+            async for chunk in self._stream(self._stub.ReadSnapshot, request):
                 if chunk.HasField("info"):
                     info = chunk.info
                 if chunk.message_piece:  # a message larger than one chunk, in order
@@ -247,10 +264,8 @@ class RecorderClient:
                         messages.append(bytes(piece))
                         piece.clear()
                 messages.extend(chunk.messages_json)
-        except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise _translate(error, self.endpoint) from None
+        except LookupError:
+            return None
         if info is None:
             return None
         return Snapshot(
@@ -281,6 +296,36 @@ class RecorderClient:
         request = pb.ListToolEffectsRequest(run_id=run_id, unresolved_only=True)
         return [_effect(effect) for effect in (await self._call(self._stub.ListToolEffects, request)).effects]
 
+    async def iter_media(self, uri: str) -> AsyncIterator[bytes]:
+        """A media blob (`media+sha256://...`, as stored messages refer to it) in chunks of about 1 MiB.
+
+        Raises LookupError when no stored message refers to it, ValueError for a malformed URI.
+        """
+        async for chunk in self._stream(self._stub.FetchMedia, pb.FetchMediaRequest(uri=uri), timeout=None):
+            yield chunk.data
+
+    async def fetch_media(self, uri: str) -> bytes:
+        """A whole media blob; see `iter_media` to stream a large one."""
+        return b"".join([chunk async for chunk in self.iter_media(uri)])
+
+    async def sql(self, query: str, *, max_rows: int = 0, timeout_seconds: float = 0.0) -> pa.Table:
+        """One read-only SELECT over the recorder's views (docs/sql.md), as a pyarrow Table.
+
+        `max_rows` and `timeout_seconds` of 0 take the recorder's defaults (10,000 rows, 10 s).
+        When more rows matched than the limit allowed, the table holds the first ones and
+        `truncated(table)` is true. Raises ValueError with the recorder's reason for a refused or
+        failing query, TimeoutError when it ran past its time limit.
+        """
+        request = pb.SqlRequest(query=query, max_rows=max_rows, timeout_seconds=timeout_seconds)
+        deadline = (timeout_seconds or 300.0) + self.timeout
+        return await _ArrowStream(self._stream(self._stub.Sql, request, timeout=deadline)).table()
+
+    async def iter_view(self, view: str) -> AsyncIterator[pa.RecordBatch]:
+        """Every row of one exportable view (runs, events, ... see docs/sql.md), batch by batch, no limit."""
+        request = pb.ExportViewRequest(view=view)
+        async for batch in _ArrowStream(self._stream(self._stub.ExportView, request, timeout=None)):
+            yield batch
+
     async def prune(
         self, *, started_before: datetime | None = None, conversation_id: str | None = None, dry_run: bool = False
     ) -> dict[str, int]:
@@ -298,14 +343,52 @@ class RecorderClient:
         return {field.name: getattr(result, field.name) for field in result.DESCRIPTOR.fields}
 
 
+TRUNCATED = b"steprec.truncated"
+
+
+def truncated(table: pa.Table) -> bool:
+    """Whether `RecorderClient.sql` cut this result off at its row limit."""
+    return (table.schema.metadata or {}).get(TRUNCATED) == b"true"
+
+
+class _ArrowStream:
+    """Decodes an ArrowChunk stream into record batches; remembers the schema and the truncation flag."""
+
+    def __init__(self, chunks: AsyncIterator[pb.ArrowChunk]) -> None:
+        self._chunks = chunks
+        self.schema: pa.Schema | None = None
+        self.truncated = False
+
+    async def __aiter__(self) -> AsyncIterator[pa.RecordBatch]:
+        unit = bytearray()
+        async for chunk in self._chunks:
+            unit += chunk.arrow_ipc
+            self.truncated = chunk.truncated
+            if chunk.batch_end:  # the bytes so far are one whole IPC stream
+                reader = pa.ipc.open_stream(bytes(unit))
+                unit.clear()
+                self.schema = reader.schema
+                for batch in reader:
+                    yield batch
+
+    async def table(self) -> pa.Table:
+        table = pa.Table.from_batches([batch async for batch in self], schema=self.schema)
+        flag = b"true" if self.truncated else b"false"
+        return table.replace_schema_metadata({**(table.schema.metadata or {}), TRUNCATED: flag})
+
+
 def _translate(error: grpc.aio.AioRpcError, endpoint: str) -> Exception:
     code = error.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED and "time limit" in (error.details() or ""):
+        return TimeoutError(error.details())  # the recorder stopped a SQL query, it is not unreachable
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return RecorderUnavailable(f"recorder at {endpoint} is not reachable: {error.details()}")
     if code == grpc.StatusCode.NOT_FOUND:
         return LookupError(error.details())
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return ValueError(error.details())
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return RecorderBusy(error.details())
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return PermissionError(f"recorder at {endpoint} refused the call: {error.details()}")
     return RuntimeError(f"recorder at {endpoint} answered {code.name}: {error.details()}")

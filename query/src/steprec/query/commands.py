@@ -8,6 +8,7 @@ import json
 import os
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from .client import DEFAULT_ENDPOINT, RecorderClient
 
@@ -23,14 +24,61 @@ def duration_seconds(value: str) -> int:
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", default=os.environ.get("STEPREC_ENDPOINT", DEFAULT_ENDPOINT),
-                        help="the recorder's HOST:PORT (env STEPREC_ENDPOINT; default 127.0.0.1:4317)")  # fmt: skip
+    """The options every command that talks to a recorder shares; `open_client` turns them into a client."""
+    connection = parser.add_argument_group("connection")
+    connection.add_argument("--endpoint", default=os.environ.get("STEPREC_ENDPOINT", DEFAULT_ENDPOINT),
+                            help="the recorder's HOST:PORT, https:// for TLS (env STEPREC_ENDPOINT; "
+                            "default 127.0.0.1:4317)")  # fmt: skip
+    connection.add_argument("--token-file", type=Path, default=_env_path("STEPREC_TOKEN_FILE"), metavar="PATH",
+                            help="read the bearer token from this file (env STEPREC_TOKEN_FILE, or the token "
+                            "itself in STEPREC_TOKEN; never on the command line, where ps would show it)")  # fmt: skip
+    for name, what in (("ca", "CA certificate to trust"), ("cert", "client certificate (mTLS)"),
+                       ("key", "client private key (mTLS)")):  # fmt: skip
+        connection.add_argument(f"--tls-{name}", type=Path, default=_env_path(f"STEPREC_TLS_{name.upper()}"),
+                                metavar="PEM", help=f"the {what}, PEM (env STEPREC_TLS_{name.upper()})")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def _env_path(name: str) -> Path | None:
+    return Path(os.environ[name]) if os.environ.get(name) else None
+
+
+def open_client(options: argparse.Namespace, *, timeout_seconds: float = 10.0) -> RecorderClient:
+    """A client configured by the connection options; a token file that cannot be read is a bad value (exit 2)."""
+    token = None
+    if options.token_file is not None:
+        try:
+            token = options.token_file.read_text().strip()
+        except OSError as error:
+            raise ValueError(f"cannot read --token-file {options.token_file}: {error.strerror}") from None
+        if not token:
+            raise ValueError(f"--token-file {options.token_file} is empty")
+    for name in ("tls_ca", "tls_cert", "tls_key"):
+        path = getattr(options, name)
+        if path is not None and not path.is_file():
+            raise ValueError(f"--{name.replace('_', '-')} {path} is not a readable file")
+    return RecorderClient(options.endpoint, timeout_seconds=timeout_seconds, token=token,
+                          tls_ca=options.tls_ca, tls_cert=options.tls_cert, tls_key=options.tls_key)  # fmt: skip
+
+
+def add_client_command(
+    commands: argparse._SubParsersAction, name: str, help_text: str, handler, *, timeout_seconds: float = 10.0
+) -> argparse.ArgumentParser:
+    """A subcommand that opens a client from the connection options and awaits `handler(client, options)`."""
+    parser = commands.add_parser(name, help=help_text, description=help_text)
+    add_connection_arguments(parser)
+
+    async def run(options: argparse.Namespace) -> int:
+        async with open_client(options, timeout_seconds=timeout_seconds) as client:
+            return await handler(client, options)
+
+    parser.set_defaults(run=lambda options: asyncio.run(run(options)))
+    return parser
 
 
 async def _prune(options: argparse.Namespace) -> int:
     cutoff = datetime.now(UTC) - timedelta(seconds=options.older_than) if options.older_than is not None else None
-    async with RecorderClient(options.endpoint, timeout_seconds=300) as client:
+    async with open_client(options, timeout_seconds=300) as client:
         counts = await client.prune(
             started_before=cutoff, conversation_id=options.conversation, dry_run=options.dry_run
         )

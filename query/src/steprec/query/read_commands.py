@@ -7,7 +7,6 @@ on: 0 found, 3 not found, 4 recorder unreachable, 5 refused (token), 2 bad argum
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import time
@@ -20,7 +19,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from .client import RecorderClient
-from .commands import add_connection_arguments, duration_seconds
+from .commands import add_client_command, duration_seconds
 from .resume import continue_run, fork_run
 
 
@@ -145,16 +144,9 @@ async def _history(client: RecorderClient, options: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     def command(name: str, help_text: str, handler, *, needs_run: bool = True) -> argparse.ArgumentParser:
-        parser = commands.add_parser(name, help=help_text, description=help_text)
+        parser = add_client_command(commands, name, help_text, handler)
         if needs_run:
             parser.add_argument("run_id", metavar="RUN", help="the run id")
-        add_connection_arguments(parser)
-
-        async def run(options: argparse.Namespace) -> int:
-            async with RecorderClient(options.endpoint) as client:
-                return await handler(client, options)
-
-        parser.set_defaults(run=lambda options: asyncio.run(run(options)))
         return parser
 
     runs = command("runs", "list recorded runs, oldest first", _runs, needs_run=False)

@@ -33,6 +33,14 @@ _TEXT_KINDS = ("text-content", "structured-content")
 _URI = re.compile(r"media\+sha256://([0-9a-f]{64})")
 
 
+class MediaCorrupt(RuntimeError):
+    """A blob whose bytes no longer hash to the digest in its name."""
+
+
+def is_media_uri(text: str) -> bool:
+    return _URI.fullmatch(text) is not None
+
+
 class MediaStore(Protocol):
     """Where blobs live: `put` returns the blob's URI, `get` its bytes, `collect_garbage` prunes."""
 

@@ -9,6 +9,8 @@ import grpc
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 
+from .media import MediaCorrupt, is_media_uri
+from .sql import EXPORTS, UNLIMITED, QueryLimits, SqlRefused, SqlTimeout, check_query
 from .store import DuckDBStore
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -25,7 +27,10 @@ _RUN_FILTERS = {
     "outcome": "outcome",
 }
 _CHUNK_BYTES = 1 << 20
-"""Messages per snapshot chunk are packed up to about 1 MiB, far below the 4 MiB gRPC cap."""
+"""Streamed replies are packed up to about 1 MiB per message, far below the 4 MiB gRPC cap."""
+_TREE_PAGE = 2000
+_MAX_QUERIES = 4
+"""SQL queries and exports running at once; more are refused, so analytics cannot starve the readers."""
 
 
 async def _valid_run_id(run_id: str, context: grpc.aio.ServicerContext) -> str:
@@ -113,6 +118,7 @@ def _snapshot_info(row: dict) -> pb.SnapshotInfo:
 class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
     def __init__(self, store: DuckDBStore) -> None:
         self._store = store
+        self._queries = asyncio.Semaphore(_MAX_QUERIES)
 
     async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)
@@ -148,12 +154,14 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
         response.runs.extend(_run(row) for row in rows)
         return response
 
-    async def GetRunTree(self, request: pb.GetRunTreeRequest, context) -> pb.GetRunTreeResponse:  # noqa: N802
+    async def GetRunTree(self, request: pb.GetRunTreeRequest, context):  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)
         rows = await asyncio.to_thread(self._store.run_tree, run_id, ancestors=request.ancestors)
         if not rows or rows[0]["run_id"] != run_id:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no run {run_id!r} was recorded")
-        return pb.GetRunTreeResponse(runs=[pb.TreeRun(run=_run(row), depth=row["depth"]) for row in rows])
+        for start in range(0, len(rows), _TREE_PAGE):
+            page = rows[start : start + _TREE_PAGE]
+            yield pb.GetRunTreeResponse(runs=[pb.TreeRun(run=_run(row), depth=row["depth"]) for row in page])
 
     async def ListEvents(self, request: pb.ListEventsRequest, context) -> pb.ListEventsResponse:  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)
@@ -210,3 +218,68 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
         if not rows:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {run_id!r} has no tool call {request.tool_call_id!r}")
         return _effect(rows[0])
+
+    async def FetchMedia(self, request: pb.FetchMediaRequest, context):  # noqa: N802
+        if not is_media_uri(request.uri):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{request.uri[:100]!r} is not media+sha256://<64 lowercase hex>"
+            )
+        try:
+            data = await asyncio.to_thread(self._store.read_media, request.uri)
+        except (OSError, MediaCorrupt) as error:
+            await context.abort(grpc.StatusCode.DATA_LOSS, f"{request.uri} cannot be read: {error}")
+        if data is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no stored message refers to {request.uri}")
+        for start in range(0, max(len(data), 1), _CHUNK_BYTES):
+            yield pb.MediaChunk(data=data[start : start + _CHUNK_BYTES], size_bytes=len(data) if not start else 0)
+
+    async def Sql(self, request: pb.SqlRequest, context):  # noqa: N802
+        try:
+            query = check_query(request.query)
+            limits = QueryLimits.requested(request.max_rows, request.timeout_seconds)
+        except SqlRefused as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        async for chunk in self._arrow(context, query, limits):
+            yield chunk
+
+    async def ExportView(self, request: pb.ExportViewRequest, context):  # noqa: N802
+        if request.view not in EXPORTS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{request.view[:80]!r} is not one of {', '.join(EXPORTS)}"
+            )
+        async for chunk in self._arrow(context, EXPORTS[request.view][0], UNLIMITED):
+            yield chunk
+
+    async def _arrow(self, context, query: str, limits: QueryLimits):
+        """Run a query in worker threads, one batch at a time, as ArrowChunks; errors become statuses.
+
+        When the caller goes away mid-stream the query is interrupted, and its cursor closed only
+        after the worker step in flight has returned.
+        """
+        if self._queries.locked():
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{_MAX_QUERIES} SQL queries are running; try again shortly"
+            )
+        async with self._queries:
+            run = await asyncio.to_thread(self._store.query, query, limits)
+            batches, step = iter(run), None
+            try:
+                while True:
+                    step = asyncio.ensure_future(asyncio.to_thread(next, batches, None))
+                    unit = await asyncio.shield(step)  # a cancelled caller must not orphan the worker
+                    if unit is None:
+                        break
+                    for start in range(0, len(unit), _CHUNK_BYTES):
+                        yield pb.ArrowChunk(
+                            arrow_ipc=unit[start : start + _CHUNK_BYTES], batch_end=start + _CHUNK_BYTES >= len(unit)
+                        )
+                yield pb.ArrowChunk(truncated=run.truncated)
+            except SqlRefused as error:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the query failed: {error}")
+            except SqlTimeout as error:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(error))
+            finally:
+                if step is not None and not step.done():
+                    run.cancel()
+                    await asyncio.gather(step, return_exceptions=True)
+                run.close()

@@ -40,10 +40,20 @@ from .decode import (
     ToolEffectRecord,
 )
 from .digests import DigestFilter
-from .media import DEFAULT_THRESHOLD, LocalMediaStore, MediaCodec, MediaStore
+from .media import DEFAULT_THRESHOLD, URI_PREFIX, LocalMediaStore, MediaCodec, MediaCorrupt, MediaStore
 from .metrics import Metrics
 from .run_state import RunState, retained_snapshots, split_refs
 from .schema import migrate
+from .sql import (
+    MAX_TREE_DEPTH,
+    OUTCOME,
+    RUN_EDGES,
+    RUN_ENDINGS,
+    QueryLimits,
+    QueryRun,
+    install_views,
+    lock_down,
+)
 from .wal import WriteAheadLog
 
 logger = logging.getLogger(__name__)
@@ -104,6 +114,8 @@ class DuckDBStore:
         if new:
             os.chmod(path, 0o600)
         migrate(self._connection)
+        install_views(self._connection)
+        lock_down(self._connection)
         self._write_lock = threading.Lock()
         self._states: dict[str, RunState] = {}
         self._default_max_snapshots = max_snapshots_per_run
@@ -692,7 +704,6 @@ class DuckDBStore:
         self,
         *,
         run_id: str | None = None,
-        run_ids: list[str] | None = None,
         conversation_id: str | None = None,
         parent_run_id: str | None = None,
         agent_name: str | None = None,
@@ -718,9 +729,6 @@ class DuckDBStore:
             if value is not None:
                 filters.append(f"r.{column} = ?")
                 params.append(value)
-        if run_ids is not None:
-            filters.append("list_contains(?::VARCHAR[], r.run_id)")
-            params.append(run_ids)
         if started_at_or_after_ns is not None:
             filters.append("epoch_ns(r.started_at) >= ?")
             params.append(started_at_or_after_ns)
@@ -730,35 +738,34 @@ class DuckDBStore:
         if after is not None:
             filters.append("(epoch_ns(r.started_at) > ? OR (epoch_ns(r.started_at) = ? AND r.write_seq > ?))")
             params.extend([after[0], after[0], after[1]])
-        where = " AND ".join(filters) or "true"
-        outer, outer_params = [], []
-        if outcome is not None:
-            outer.append("outcome = ?")
-            outer_params.append(outcome)
+        chosen = f"SELECT r.*, 0 AS depth FROM runs r WHERE {' AND '.join(filters) or 'true'}"
         bound = f" LIMIT {int(limit)}" if limit else ""
+        if outcome is not None:
+            return self._runs("", chosen, params, f"WHERE outcome = ? ORDER BY started_at_ns, write_seq{bound}",
+                              [outcome])  # fmt: skip
+        return self._runs("", chosen, params, f"ORDER BY started_at_ns, write_seq{bound}", [])
+
+    def _runs(self, prefix: str, chosen: str, params: list, tail: str, tail_params: list) -> list[dict]:
+        """The runs `chosen` selects (all columns of `runs`, plus `depth`), with their outcome and end.
+
+        Only the chosen runs' events are scanned, so a lookup costs the same in a store of any size.
+        """
         cursor = self.cursor()
         try:
             return _dicts(
                 cursor.execute(
                     f"""
-                    WITH chosen AS (SELECT * FROM runs r WHERE {where}),
-                    endings AS (
-                        SELECT e.run_id, arg_max(e.kind, e.write_seq) AS kind, max(e.recorded_at) AS ended_at
-                        FROM events e SEMI JOIN chosen c ON e.run_id = c.run_id
-                        WHERE e.kind IN ('run_completed', 'run_failed') GROUP BY e.run_id
-                    )
+                    {prefix}{"," if prefix else "WITH"} chosen AS ({chosen}),
+                    endings AS ({RUN_ENDINGS.format(restrict="SEMI JOIN chosen c ON e.run_id = c.run_id")})
                     SELECT * FROM (
                         SELECT c.run_id, c.registration_id, c.conversation_id, c.parent_run_id, c.agent_name,
                                c.metadata, epoch_ns(c.started_at) AS started_at_ns, c.write_seq,
-                               c.forked_from_run_id, c.forked_from_snapshot_index,
-                               epoch_ns(x.ended_at) AS ended_at_ns,
-                               CASE x.kind WHEN 'run_completed' THEN 'completed' WHEN 'run_failed' THEN 'failed'
-                                    ELSE 'running' END AS outcome
+                               c.forked_from_run_id, c.forked_from_snapshot_index, c.depth,
+                               epoch_ns(x.ended_at) AS ended_at_ns, {OUTCOME.format(kind="x.kind")} AS outcome
                         FROM chosen c LEFT JOIN endings x ON x.run_id = c.run_id
-                    ) WHERE {" AND ".join(outer) or "true"}
-                    ORDER BY started_at_ns, write_seq{bound}
+                    ) {tail}
                     """,
-                    params + outer_params,
+                    params + tail_params,
                 )
             )
         finally:
@@ -768,30 +775,42 @@ class DuckDBStore:
         """The run with its descendants and forks (or its ancestors), each row with its `depth` from the run.
 
         UNION, not UNION ALL: a parent cycle (possible with explicit parent_run_id values) ends the
-        walk instead of looping.
+        walk instead of looping. Both walks follow hash joins, so a 100,000-run tree is one query.
         """
         step = (
             "SELECT p.parent_run_id, t.depth + 1 FROM runs p JOIN tree t ON p.run_id = t.run_id"
             " WHERE p.parent_run_id IS NOT NULL AND"
             if ancestors
-            else "SELECT c.run_id, t.depth + 1 FROM runs c JOIN tree t"
-            " ON c.parent_run_id = t.run_id OR c.forked_from_run_id = t.run_id WHERE"
+            else "SELECT e.run_id, t.depth + 1 FROM edges e JOIN tree t ON e.from_run_id = t.run_id WHERE"
         )
+        prefix = (
+            f"WITH RECURSIVE edges AS ({RUN_EDGES}),"
+            f" tree(run_id, depth) AS (SELECT ?::VARCHAR, 0 UNION {step} t.depth < {MAX_TREE_DEPTH})"
+        )
+        chosen = "SELECT r.*, t.depth FROM runs r JOIN (SELECT run_id, min(depth) AS depth FROM tree GROUP BY run_id) t"
+        chosen += " ON r.run_id = t.run_id"
+        return self._runs(prefix, chosen, [run_id], "ORDER BY depth, started_at_ns, write_seq", [])
+
+    def read_media(self, uri: str) -> bytes | None:
+        """A blob a stored message refers to, checked against its digest; None for any other URI.
+
+        Raises `MediaCorrupt` when the bytes found are not the ones the URI names.
+        """
         cursor = self.cursor()
         try:
-            depths = dict(
-                cursor.execute(
-                    f"WITH RECURSIVE tree(run_id, depth) AS (SELECT ?::VARCHAR, 0 UNION {step} t.depth < 10000)"
-                    " SELECT run_id, min(depth) FROM tree GROUP BY run_id",
-                    [run_id],
-                ).fetchall()
-            )
+            known = cursor.execute("SELECT 1 FROM media_refs WHERE uri = ? LIMIT 1", [uri]).fetchone()
         finally:
             cursor.close()
-        runs = self.list_runs(run_ids=list(depths)) if depths else []
-        for run in runs:
-            run["depth"] = depths[run["run_id"]]
-        return sorted(runs, key=lambda run: (run["depth"], run["started_at_ns"], run["write_seq"]))
+        if known is None:
+            return None
+        data = self._media.store.get(uri)
+        if URI_PREFIX + hashlib.sha256(data).hexdigest() != uri:
+            raise MediaCorrupt(f"the stored bytes of {uri} do not match its digest")
+        return data
+
+    def query(self, query: str, limits: QueryLimits) -> QueryRun:
+        """A read-only SQL query over the views (sql.py), seeing every record acknowledged before it."""
+        return QueryRun(self.cursor(), query, limits)
 
     def list_events(self, run_id: str) -> list[dict]:
         cursor = self.cursor()
@@ -808,36 +827,20 @@ class DuckDBStore:
             cursor.close()
 
     def list_tool_effects(self, run_id: str, *, unresolved_only: bool, tool_call_id: str | None = None) -> list[dict]:
-        """The ledger per tool call: latest status wins, annotations survive later records."""
+        """The run's ledger (the `tool_effects` view): per call the latest status, annotations kept."""
         cursor = self.cursor()
         try:
-            effects = _dicts(
+            return _dicts(
                 cursor.execute(
-                    """
-                    SELECT run_id, tool_call_id,
-                        arg_max(tool_name, write_seq) AS tool_name,
-                        arg_max(status, write_seq) FILTER (WHERE status <> 'annotated') AS status,
-                        epoch_ns(min(recorded_at)) AS started_at_ns,
-                        epoch_ns(max(recorded_at) FILTER (WHERE status IN ('completed', 'failed'))) AS ended_at_ns,
-                        arg_max(idempotency_key, write_seq) FILTER (WHERE idempotency_key IS NOT NULL)
-                            AS idempotency_key,
-                        coalesce(
-                            arg_max(effect_summary, write_seq) FILTER (WHERE effect_summary IS NOT NULL),
-                            arg_max(error, write_seq) FILTER (WHERE status = 'failed')
-                        ) AS effect_summary,
-                        min(write_seq) AS first_seq
-                    FROM tool_effects WHERE run_id = ? AND (?::VARCHAR IS NULL OR tool_call_id = ?)
-                    GROUP BY run_id, tool_call_id ORDER BY first_seq
-                    """,
-                    [run_id, tool_call_id, tool_call_id],
+                    "SELECT run_id, tool_call_id, tool_name, status, epoch_ns(started_at) AS started_at_ns,"
+                    " epoch_ns(ended_at) AS ended_at_ns, idempotency_key, effect_summary FROM recorded.tool_effects"
+                    " WHERE run_id = ? AND (?::VARCHAR IS NULL OR tool_call_id = ?) AND (NOT ? OR status = 'started')"
+                    " ORDER BY seq",
+                    [run_id, tool_call_id, tool_call_id, unresolved_only],
                 )
             )
         finally:
             cursor.close()
-        for effect in effects:
-            if effect["status"] == "started":
-                effect["ended_at_ns"] = None
-        return [e for e in effects if e["status"] is not None and (not unresolved_only or e["status"] == "started")]
 
 
 def _dicts(result: duckdb.DuckDBPyConnection) -> list[dict]:

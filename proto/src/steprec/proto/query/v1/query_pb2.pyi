@@ -249,3 +249,43 @@ class ToolEffect(_message.Message):
     idempotency_key: str
     effect_summary: str
     def __init__(self, run_id: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., status: _Optional[str] = ..., started_at_unix_nano: _Optional[int] = ..., ended_at_unix_nano: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., effect_summary: _Optional[str] = ...) -> None: ...
+
+class FetchMediaRequest(_message.Message):
+    __slots__ = ("uri",)
+    URI_FIELD_NUMBER: _ClassVar[int]
+    uri: str
+    def __init__(self, uri: _Optional[str] = ...) -> None: ...
+
+class MediaChunk(_message.Message):
+    __slots__ = ("data", "size_bytes")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    size_bytes: int
+    def __init__(self, data: _Optional[bytes] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class SqlRequest(_message.Message):
+    __slots__ = ("query", "max_rows", "timeout_seconds")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    max_rows: int
+    timeout_seconds: float
+    def __init__(self, query: _Optional[str] = ..., max_rows: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class ExportViewRequest(_message.Message):
+    __slots__ = ("view",)
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    def __init__(self, view: _Optional[str] = ...) -> None: ...
+
+class ArrowChunk(_message.Message):
+    __slots__ = ("arrow_ipc", "batch_end", "truncated")
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    BATCH_END_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    arrow_ipc: bytes
+    batch_end: bool
+    truncated: bool
+    def __init__(self, arrow_ipc: _Optional[bytes] = ..., batch_end: _Optional[bool] = ..., truncated: _Optional[bool] = ...) -> None: ...

@@ -45,7 +45,7 @@ class RecorderQueryStub:
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
-        self.GetRunTree = channel.unary_unary(
+        self.GetRunTree = channel.unary_stream(
                 '/steprec.query.v1.RecorderQuery/GetRunTree',
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeRequest.SerializeToString,
                 response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeResponse.FromString,
@@ -75,6 +75,21 @@ class RecorderQueryStub:
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetToolEffectRequest.SerializeToString,
                 response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ToolEffect.FromString,
                 _registered_method=True)
+        self.FetchMedia = channel.unary_stream(
+                '/steprec.query.v1.RecorderQuery/FetchMedia',
+                request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.FetchMediaRequest.SerializeToString,
+                response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.MediaChunk.FromString,
+                _registered_method=True)
+        self.Sql = channel.unary_stream(
+                '/steprec.query.v1.RecorderQuery/Sql',
+                request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SqlRequest.SerializeToString,
+                response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ArrowChunk.FromString,
+                _registered_method=True)
+        self.ExportView = channel.unary_stream(
+                '/steprec.query.v1.RecorderQuery/ExportView',
+                request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ExportViewRequest.SerializeToString,
+                response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ArrowChunk.FromString,
+                _registered_method=True)
 
 
 class RecorderQueryServicer:
@@ -97,6 +112,7 @@ class RecorderQueryServicer:
 
     def GetRunTree(self, request, context):
         """A run and all its descendants (delegates, their delegates ...), or its chain of ancestors.
+        Streamed in pages, so a tree of any size fits under the gRPC message cap.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,6 +154,31 @@ class RecorderQueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchMedia(self, request, context):
+        """A media blob by its media+sha256:// URI, streamed in chunks. NOT_FOUND unless a
+        stored message refers to it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Sql(self, request, context):
+        """One read-only SQL query over the documented views (docs/sql.md), answered as an
+        Arrow IPC stream. INVALID_ARGUMENT for anything but a single SELECT, or a failing
+        query; DEADLINE_EXCEEDED past the time limit; rows past the row limit are cut off.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportView(self, request, context):
+        """Every row of one documented view as an Arrow IPC stream, with no row limit: the
+        source of `steprec export`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RecorderQueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,7 +192,7 @@ def add_RecorderQueryServicer_to_server(servicer, server):
                     request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListRunsRequest.FromString,
                     response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListRunsResponse.SerializeToString,
             ),
-            'GetRunTree': grpc.unary_unary_rpc_method_handler(
+            'GetRunTree': grpc.unary_stream_rpc_method_handler(
                     servicer.GetRunTree,
                     request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeRequest.FromString,
                     response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeResponse.SerializeToString,
@@ -180,6 +221,21 @@ def add_RecorderQueryServicer_to_server(servicer, server):
                     servicer.GetToolEffect,
                     request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetToolEffectRequest.FromString,
                     response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ToolEffect.SerializeToString,
+            ),
+            'FetchMedia': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchMedia,
+                    request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.FetchMediaRequest.FromString,
+                    response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.MediaChunk.SerializeToString,
+            ),
+            'Sql': grpc.unary_stream_rpc_method_handler(
+                    servicer.Sql,
+                    request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SqlRequest.FromString,
+                    response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ArrowChunk.SerializeToString,
+            ),
+            'ExportView': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportView,
+                    request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ExportViewRequest.FromString,
+                    response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ArrowChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,7 +314,7 @@ class RecorderQuery:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/steprec.query.v1.RecorderQuery/GetRunTree',
@@ -399,6 +455,87 @@ class RecorderQuery:
             '/steprec.query.v1.RecorderQuery/GetToolEffect',
             steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetToolEffectRequest.SerializeToString,
             steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ToolEffect.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchMedia(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/steprec.query.v1.RecorderQuery/FetchMedia',
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.FetchMediaRequest.SerializeToString,
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.MediaChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sql(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/steprec.query.v1.RecorderQuery/Sql',
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SqlRequest.SerializeToString,
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ArrowChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportView(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/steprec.query.v1.RecorderQuery/ExportView',
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ExportViewRequest.SerializeToString,
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ArrowChunk.FromString,
             options,
             channel_credentials,
             insecure,

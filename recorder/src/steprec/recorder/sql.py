@@ -1,0 +1,286 @@
+"""Read-only SQL for anyone with the query port: the documented views, and the guards around a query.
+
+The views (schema `recorded`, docs/sql.md) are the stable surface; the tables under them may
+change shape between releases. A query runs under four guards, each enough on its own for
+what it covers: it must parse as exactly one SELECT; it runs in a READ ONLY transaction;
+the database has external access disabled and its configuration locked (no files, no
+ATTACH, no COPY, no extensions, no network, no SET); and it has a row limit and a time
+limit, enforced by cutting the result and by interrupting DuckDB.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+
+OUTCOME = "CASE {kind} WHEN 'run_completed' THEN 'completed' WHEN 'run_failed' THEN 'failed' ELSE 'running' END"
+"""A run's outcome from the kind of its last run-ending event (NULL while it runs)."""
+
+RUN_ENDINGS = (
+    "SELECT e.run_id, arg_max(e.kind, e.write_seq) AS kind, max(e.recorded_at) AS ended_at FROM main.events e"
+    " {restrict} WHERE e.kind IN ('run_completed', 'run_failed') GROUP BY e.run_id"
+)
+"""Per run, how and when it ended; `{restrict}` may narrow the events scanned (a SEMI JOIN)."""
+
+TOOL_LEDGER = """
+    SELECT run_id, tool_call_id,
+        arg_max(tool_name, write_seq) AS tool_name,
+        arg_max(status, write_seq) FILTER (WHERE status <> 'annotated') AS status,
+        min(recorded_at) AS started_at,
+        max(recorded_at) FILTER (WHERE status IN ('completed', 'failed')) AS ended_at,
+        arg_max(idempotency_key, write_seq) FILTER (WHERE idempotency_key IS NOT NULL) AS idempotency_key,
+        coalesce(
+            arg_max(effect_summary, write_seq) FILTER (WHERE effect_summary IS NOT NULL),
+            arg_max(error, write_seq) FILTER (WHERE status = 'failed')
+        ) AS effect_summary,
+        min(write_seq) AS seq
+    FROM main.tool_effects GROUP BY run_id, tool_call_id
+"""
+"""The tool-effect ledger: per call the latest status wins, and annotations survive later records."""
+
+RUN_EDGES = (
+    "SELECT parent_run_id AS from_run_id, run_id, 'child' AS relation FROM main.runs WHERE parent_run_id IS NOT NULL"
+    " UNION ALL SELECT forked_from_run_id, run_id, 'fork' FROM main.runs WHERE forked_from_run_id IS NOT NULL"
+)
+"""Every link of the run forest: a delegate under the run whose tool started it, a fork under its origin."""
+
+MAX_TREE_DEPTH = 10_000
+
+VIEWS: dict[str, str] = {
+    "runs": f"""
+        SELECT r.run_id, r.conversation_id, r.parent_run_id, r.agent_name, r.metadata, r.started_at,
+               x.ended_at, {OUTCOME.format(kind="x.kind")} AS outcome, r.registration_id,
+               r.forked_from_run_id, r.forked_from_snapshot_index, r.max_snapshots AS max_snapshots_per_run,
+               r.trace_id, r.span_id
+        FROM main.runs r LEFT JOIN ({RUN_ENDINGS.format(restrict="")}) x ON x.run_id = r.run_id
+    """,
+    "events": """
+        SELECT run_id, write_seq AS seq, kind, step_index, recorded_at, conversation_id, parent_run_id,
+               agent_name, tool_call_id, tool_name, error, metadata, idempotency_key, trace_id, span_id
+        FROM main.events
+    """,
+    "snapshots": """
+        SELECT run_id, snapshot_index, step_index, state, recorded_at, conversation_id, parent_run_id,
+               agent_name, idempotency_key, message_count, trace_id, span_id
+        FROM main.snapshots WHERE NOT pruned
+    """,
+    "messages": """
+        SELECT lower(hex(digest)) AS digest, any_value(body) AS message, any_value(size_bytes) AS size_bytes
+        FROM main.messages GROUP BY digest
+    """,
+    # A snapshot stores the digests it adds to its base's first `keep`; the recursion rebuilds each
+    # retained snapshot's whole list from the newest full one below it.
+    "snapshot_messages": """
+        WITH RECURSIVE own AS (
+            SELECT run_id, snapshot_index, base_index, keep,
+                   list_transform(range(0, octet_length(refs) // 32), i -> lower(substr(hex(refs), i * 64 + 1, 64)))
+                       AS digests
+            FROM main.snapshots WHERE NOT pruned
+        ), chain(run_id, snapshot_index, digests) AS (
+            SELECT run_id, snapshot_index, digests FROM own WHERE base_index IS NULL
+            UNION ALL
+            SELECT o.run_id, o.snapshot_index, list_concat(c.digests[1:o.keep], o.digests)
+            FROM own o JOIN chain c ON o.run_id = c.run_id AND o.base_index = c.snapshot_index
+        ), positions AS (
+            SELECT run_id, snapshot_index, unnest(range(0, len(digests))) AS position, unnest(digests) AS digest
+            FROM chain
+        )
+        SELECT p.run_id, p.snapshot_index, p.position, p.digest, m.message
+        FROM positions p LEFT JOIN recorded.messages m ON m.digest = p.digest
+    """,
+    "tool_effects": f"""
+        SELECT run_id, tool_call_id, tool_name, status, started_at,
+               CASE WHEN status = 'started' THEN NULL ELSE ended_at END AS ended_at,
+               idempotency_key, effect_summary, seq
+        FROM ({TOOL_LEDGER}) WHERE status IS NOT NULL
+    """,
+    "tool_effect_records": """
+        SELECT run_id, write_seq AS seq, tool_call_id, tool_name, status, recorded_at, step_index, error,
+               idempotency_key, effect_summary, trace_id, span_id
+        FROM main.tool_effects
+    """,
+    # Every run paired with itself and each of its descendants; the path stops a parent cycle.
+    "run_tree": f"""
+        WITH RECURSIVE edges AS ({RUN_EDGES}),
+        tree(root_run_id, run_id, depth, relation, path) AS (
+            SELECT run_id, run_id, 0, 'self', [run_id] FROM main.runs
+            UNION ALL
+            SELECT t.root_run_id, e.run_id, t.depth + 1, e.relation, list_append(t.path, e.run_id)
+            FROM tree t JOIN edges e ON e.from_run_id = t.run_id
+            WHERE NOT list_contains(t.path, e.run_id) AND t.depth < {MAX_TREE_DEPTH}
+        )
+        SELECT root_run_id, run_id, depth, relation FROM tree
+    """,
+}
+
+EXPORTS: dict[str, tuple[str, str | None]] = {
+    "runs": ("SELECT * FROM recorded.runs", "started_at"),
+    "events": ("SELECT * FROM recorded.events", "recorded_at"),
+    "snapshots": ("SELECT * FROM recorded.snapshots", "recorded_at"),
+    "snapshot_messages": (
+        "SELECT m.run_id, m.snapshot_index, m.position, m.digest, s.recorded_at"
+        " FROM recorded.snapshot_messages m JOIN recorded.snapshots s USING (run_id, snapshot_index)",
+        "recorded_at",
+    ),
+    "messages": ("SELECT * FROM recorded.messages", None),
+    "tool_effects": ("SELECT * FROM recorded.tool_effects", "started_at"),
+    "tool_effect_records": ("SELECT * FROM recorded.tool_effect_records", "recorded_at"),
+}
+"""What `steprec export` writes: per table its query and the timestamp column its day partition comes from.
+
+snapshot_messages leaves the message text to `messages` (joined by digest), so an export
+holds each distinct message once, as the store does.
+"""
+
+DEFAULT_MAX_ROWS = 10_000
+MAX_ROWS = 1_000_000
+DEFAULT_TIMEOUT_SECONDS = 10.0
+MAX_TIMEOUT_SECONDS = 300.0
+MAX_QUERY_CHARS = 100_000
+BATCH_ROWS = 4096
+
+
+class SqlRefused(ValueError):
+    """A query the SQL path will not run, or one DuckDB rejected: the message says which and why."""
+
+
+class SqlTimeout(TimeoutError):
+    """A query interrupted at its time limit."""
+
+
+def install_views(connection: duckdb.DuckDBPyConnection) -> None:
+    """(Re)create the views on open, so they always match this release's tables."""
+    connection.execute("CREATE SCHEMA IF NOT EXISTS recorded")
+    for name, body in VIEWS.items():
+        connection.execute(f"CREATE OR REPLACE VIEW recorded.{name} AS {body}")
+
+
+def lock_down(connection: duckdb.DuckDBPyConnection) -> None:
+    """No file, network or extension access for any SQL from now on, and no way to turn it back on.
+
+    The recorder itself never needs DuckDB to touch a file other than its database: the
+    write-ahead log, media blobs and exports are written in Python.
+    """
+    connection.execute("SET enable_external_access = false")
+    connection.execute("SET lock_configuration = true")
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    max_rows: int | None
+    timeout_seconds: float | None
+
+    @classmethod
+    def requested(cls, max_rows: int, timeout_seconds: float) -> QueryLimits:
+        """The limits a caller asked for (0 meaning the default), refused when past the caps."""
+        if not 0 <= max_rows <= MAX_ROWS:
+            raise SqlRefused(f"max_rows must be 0 (the default, {DEFAULT_MAX_ROWS:,}) to {MAX_ROWS:,}")
+        if not 0 <= timeout_seconds <= MAX_TIMEOUT_SECONDS:  # also refuses NaN
+            raise SqlRefused(
+                f"timeout_seconds must be 0 (the default, {DEFAULT_TIMEOUT_SECONDS:g}) to {MAX_TIMEOUT_SECONDS:g}"
+            )
+        return cls(max_rows or DEFAULT_MAX_ROWS, timeout_seconds or DEFAULT_TIMEOUT_SECONDS)
+
+
+UNLIMITED = QueryLimits(None, None)
+
+
+def check_query(query: str) -> str:
+    """The query if it is exactly one SELECT statement; SqlRefused with the reason otherwise."""
+    if not query.strip():
+        raise SqlRefused("the query is empty")
+    if len(query) > MAX_QUERY_CHARS:
+        raise SqlRefused(f"the query is {len(query):,} characters; the limit is {MAX_QUERY_CHARS:,}")
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error as error:
+        raise SqlRefused(f"the query does not parse: {_first_line(error)}") from None
+    if len(statements) != 1:
+        raise SqlRefused(f"send exactly one statement, not {len(statements)}")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise SqlRefused(f"only SELECT queries are allowed (read-only SQL), not {kind.name}")
+    return query
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0][:500]
+
+
+def _ipc(batch: pa.RecordBatch | None, schema: pa.Schema) -> bytes:
+    """One whole Arrow IPC stream: the schema and (unless None) one batch."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        if batch is not None:
+            writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+class QueryRun:
+    """One query over a read cursor: Arrow IPC streams batch by batch, then whether rows were cut off.
+
+    Iterate it from one thread at a time (the servicer steps it from worker threads);
+    `cancel` may be called from any thread, and `close` ends it whatever state it is in.
+    """
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, query: str, limits: QueryLimits) -> None:
+        self._cursor = cursor
+        self._limits = limits
+        self.truncated = False
+        self._timed_out = threading.Event()
+        self._timer = None
+        if limits.timeout_seconds is not None:
+            self._timer = threading.Timer(limits.timeout_seconds, self._time_out)
+            self._timer.daemon = True
+            self._timer.start()
+        self._query = query
+
+    def _time_out(self) -> None:
+        self._timed_out.set()
+        self._cursor.interrupt()
+
+    def cancel(self) -> None:
+        self._cursor.interrupt()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._cursor.close()
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._batches()
+        except duckdb.InterruptException:
+            if self._timed_out.is_set():
+                raise SqlTimeout(f"the query ran past its {self._limits.timeout_seconds:g} s time limit") from None
+            raise
+        except duckdb.Error as error:
+            raise SqlRefused(_first_line(error)) from None
+
+    def _batches(self) -> Iterator[bytes]:
+        self._cursor.execute("SET search_path = 'recorded'")
+        self._cursor.execute("BEGIN TRANSACTION READ ONLY")
+        reader = self._cursor.execute(self._query).to_arrow_reader(BATCH_ROWS)
+        remaining, sent = self._limits.max_rows, False
+        for batch in reader:
+            if remaining is not None and batch.num_rows > remaining:
+                self.truncated = True
+                batch = batch.slice(0, remaining)
+            if batch.num_rows or not sent:
+                yield _ipc(batch, reader.schema)
+                sent = True
+            if remaining is not None:
+                remaining -= batch.num_rows
+                if self.truncated or (remaining == 0 and self._more_rows(reader)):
+                    self.truncated = True
+                    break
+        if not sent:
+            yield _ipc(None, reader.schema)
+
+    @staticmethod
+    def _more_rows(reader: pa.RecordBatchReader) -> bool:
+        return any(batch.num_rows for batch in reader)
