@@ -30,19 +30,24 @@ async def test_bad_records_are_refused_and_good_ones_stored(recorder: RecorderPr
         steprec__snapshot__state="complete", steprec__snapshot__keep=0,
     )  # fmt: skip
     unreceived.body.kvlist_value.values.add(key=wire.BODY_APPEND_REFS).value.bytes_value = b"\x01" * 32
-    records = [unknown, good, traversal, mistyped, missing, unreceived]
+    too_big = _record(  # would not fit the 32-bit column: refused up front, never a poison entry in the log
+        wire.SNAPSHOT, steprec__run__id="good-run", steprec__step__index=0, steprec__snapshot__index=3_000_000_000,
+        steprec__snapshot__state="complete", steprec__snapshot__keep=0,
+    )  # fmt: skip
+    records = [unknown, good, traversal, mistyped, missing, unreceived, too_big]
     request = logs_service_pb2.ExportLogsServiceRequest(
         resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=records)])]
     )
     async with grpc.aio.insecure_channel(recorder.endpoint) as channel:
         response = await logs_service_pb2_grpc.LogsServiceStub(channel).Export(request, timeout=10)
-        assert response.partial_success.rejected_log_records == 5
+        assert response.partial_success.rejected_log_records == 6
         lines = response.partial_success.error_message.splitlines()
         assert lines[0].startswith("record 0 [unknown_event]")
         assert lines[1].startswith("record 2 [bad_run_id]")
         assert lines[2].startswith("record 3 [bad_attribute]") and wire.STEP_INDEX in lines[2]
         assert lines[3].startswith("record 4 [missing_attribute]") and wire.RUN_ID in lines[3]
         assert lines[4].startswith("record 5 [unknown_message]") and "never received" in lines[4]
+        assert lines[5].startswith("record 6 [bad_attribute]") and "3000000000" in lines[5]
         # Not protobuf at all: the server answers with a status and keeps serving.
         raw = channel.unary_unary("/opentelemetry.proto.collector.logs.v1.LogsService/Export")
         try:

@@ -195,6 +195,20 @@ def test_a_run_asks_for_its_own_bound_and_pruning_touches_only_that_run(store: D
     assert counts == {"run-1": 1, "run-2": 3}
 
 
+def test_the_default_bound_a_run_got_holds_after_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "steprec.duckdb"
+    messages = [_message(i) for i in range(6)]
+    registered = StepEventRecord(_lineage(key="0:0:run_started:"), "run_started", None, None, None, {}, "reg", None)
+    store = DuckDBStore(path, max_snapshots_per_run=1)
+    store.ingest([registered] + [_keyed_snapshot(i, f"{i}:{i}:complete", messages[: i + 1]) for i in range(3)])
+    store.close()
+    store = DuckDBStore(path, max_snapshots_per_run=1)
+    store.ingest([_keyed_snapshot(i, f"{i}:{i}:complete", messages[: i + 1]) for i in range(3, 6)])
+    kept = store.cursor().execute("SELECT snapshot_index FROM snapshots WHERE NOT pruned").fetchall()
+    assert kept == [(5,)]
+    store.close()
+
+
 def test_the_high_water_mark_survives_pruning_and_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "steprec.duckdb"
     messages = [_message(i) for i in range(4)]

@@ -23,6 +23,9 @@ MAX_TEXT = 64 * 1024
 """Longest identifier, name, error or metadata value accepted (message bodies are not limited by this)."""
 
 
+_INT32_MAX = 2**31 - 1
+
+
 class Malformed(ValueError):
     """A record that cannot be stored; its message says why."""
 
@@ -144,9 +147,11 @@ class _Fields:
         return text
 
     def integer(self, name: str, *, required: bool = False, minimum: int = 0) -> int | None:
+        """An int attribute within [minimum, 2**31 - 1]: every integer column it lands in is 32-bit, and a
+        value DuckDB could not store would be acknowledged and then fail every apply of the log."""
         number = self._get(name, "int_value", "an integer", required)
-        if number is not None and number < minimum:
-            raise Malformed("bad_attribute", f"attribute {name} must be >= {minimum}, got {number}")
+        if number is not None and not minimum <= number <= _INT32_MAX:
+            raise Malformed("bad_attribute", f"attribute {name} must be {minimum} to {_INT32_MAX}, got {number}")
         return number
 
     def run_id(self, name: str, *, required: bool = False) -> str | None:
