@@ -4,7 +4,12 @@ Creates `.venv` beside the repository (once, and again whenever a
 pyproject.toml or constraints.txt changes), installs the four parts editable
 with the pinned versions in constraints.txt plus the dev tools listed in the
 root pyproject.toml, then runs the demo or the whole test suite in it.
-Needs only Python 3.11+ and the package index.
+
+`test` then runs tests/harness in a second venv, `.venv-harness`: the same
+parts plus `steprec-query[harness]` and the pydantic-ai-harness release it is
+tested against, which pins its own pydantic-ai (so no constraints.txt there).
+Arguments after `test` go to the main suite; `test-harness [args]` runs only
+the harness suite, with them. Needs only Python 3.11+ and the package index.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
+HARNESS_VENV = ROOT / ".venv-harness"
 PARTS = ["proto", "exporter", "recorder[demo]", "query"]
-INPUTS = [
-    ROOT / "pyproject.toml",
-    ROOT / "constraints.txt",
-    *(ROOT / p.split("[")[0] / "pyproject.toml" for p in PARTS),
-]
+HARNESS_PARTS = ["proto", "exporter", "recorder", "query[harness]"]
+HARNESS = "pydantic-ai-harness==0.62.0"
+PART_PROJECTS = [ROOT / p.split("[")[0] / "pyproject.toml" for p in PARTS]
+INPUTS = [ROOT / "pyproject.toml", ROOT / "constraints.txt", *PART_PROJECTS]
+HARNESS_INPUTS = [ROOT / "pyproject.toml", *PART_PROJECTS]
 
 
 def venv_python(folder: Path) -> Path:
@@ -43,31 +49,52 @@ def ensure_venv(folder: Path, install_args: list[str], inputs: list[Path]) -> Pa
         return python
     print(f"steprec: preparing {folder.name} (first run, or dependencies changed) ...", flush=True)
     if not python.exists():
-        venv.create(folder, with_pip=True)
+        # A current pip: the one bundled with Python 3.11 cannot resolve an editable part with extras
+        # (`query[harness]`) that another part also requires.
+        venv.create(folder, with_pip=True, upgrade_deps=True)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, *install_args], check=True)
     stamp.write_text(fingerprint)
     return python
 
 
+def _dev_tools() -> list[str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
+
+
+def _editable(parts: list[str]) -> list[str]:
+    """`-e <folder>[extras]` for each part."""
+    return [arg for part in parts for arg in ("-e", str(ROOT / part.split("[")[0]) + part[len(part.split("[")[0]) :])]
+
+
 def ensure_environment() -> Path:
     """The dev venv's python: the four parts editable, pinned by constraints.txt, plus the dev tools."""
-    dev_tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
-    editable = [
-        arg for part in PARTS for arg in ("-e", str(ROOT / part.split("[")[0]) + part[len(part.split("[")[0]) :])
-    ]
-    return ensure_venv(VENV, ["-c", str(ROOT / "constraints.txt"), *editable, *dev_tools], INPUTS)
+    return ensure_venv(VENV, ["-c", str(ROOT / "constraints.txt"), *_editable(PARTS), *_dev_tools()], INPUTS)
+
+
+def ensure_harness_environment() -> Path:
+    """The harness venv's python: the parts editable, `steprec-query[harness]`, the harness and pytest."""
+    pytest_tools = [tool for tool in _dev_tools() if tool.startswith("pytest")]
+    return ensure_venv(HARNESS_VENV, [*_editable(HARNESS_PARTS), HARNESS, *pytest_tools], HARNESS_INPUTS)
+
+
+def _pytest(python: Path, args: list[str]) -> int:
+    return subprocess.call([str(python), "-m", "pytest", *args], cwd=ROOT)
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"demo", "test"}:
+    if not argv or argv[0] not in {"demo", "test", "test-harness"}:
         print(__doc__, file=sys.stderr)
         return 2
-    python = ensure_environment()
     command, rest = argv[0], argv[1:]
+    if command == "test-harness":
+        return _pytest(ensure_harness_environment(), ["tests/harness", *rest])
+    python = ensure_environment()
     if command == "demo":
         return subprocess.call([str(python), "-m", "steprec.recorder", "demo", *rest])
-    return subprocess.call([str(python), "-m", "pytest", *rest], cwd=ROOT)
+    main_suite = _pytest(python, rest)
+    harness_suite = _pytest(ensure_harness_environment(), ["tests/harness"])
+    return main_suite or harness_suite
 
 
 if __name__ == "__main__":

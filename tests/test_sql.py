@@ -19,8 +19,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from steprec.exporter import StepRecorder
-from steprec.query import RecorderClient
-from steprec.query.client import truncated
+from steprec.query import RecorderClient, truncated
 from steprec.query.sql_commands import EXPORT_TABLES
 from steprec.recorder.process import RecorderProcess
 from steprec.recorder.sql import EXPORTS

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import re
 import uuid
@@ -332,22 +331,9 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         new_messages: list[str],
     ) -> str:
         pipeline, scope = self.recording
-        inline = []
-        for text in new_messages:
-            encoded = text.encode()
-            if len(encoded) <= wire.FRAGMENT_BYTES:
-                inline.append(text)
-                continue
-            # Too big for one request under gRPC's 4 MiB default: send it ahead in pieces.
-            digest = hashlib.sha256(encoded).hexdigest()
-            count = -(-len(encoded) // wire.FRAGMENT_BYTES)
-            for index in range(count):
-                piece = encoded[index * wire.FRAGMENT_BYTES : (index + 1) * wire.FRAGMENT_BYTES]
-                self._emit(
-                    _records.message_fragment(
-                        scope, step_index=step_index, digest=digest, index=index, count=count, data=piece
-                    )
-                )
+        inline, fragments = _records.split_large_messages(scope, step_index=step_index, new_messages=new_messages)
+        for fragment in fragments:
+            self._emit(fragment)
         record = _records.snapshot(
             scope,
             snapshot_index=snapshot_index,

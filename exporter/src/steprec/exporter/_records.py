@@ -7,6 +7,7 @@ pydantic-ai's own spans.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,9 +57,11 @@ def _add_error(attributes: dict, error: ErrorText | None) -> None:
         attributes[wire.ERROR_MESSAGE] = error.text
 
 
-def _record(event_name: str, attributes: dict, body: dict, *, error: bool = False) -> LogRecord:
+def _record(
+    event_name: str, attributes: dict, body: dict, *, error: bool = False, at_unix_nano: int | None = None
+) -> LogRecord:
     return LogRecord(
-        timestamp=time.time_ns(),
+        timestamp=time.time_ns() if at_unix_nano is None else at_unix_nano,
         event_name=event_name,
         severity_number=SeverityNumber.ERROR if error else SeverityNumber.INFO,
         attributes=attributes,
@@ -78,8 +81,13 @@ def step_event(
     registration_id: str | None = None,
     max_snapshots: int | None = None,
     forked_from: tuple[str, int] | None = None,
+    at_unix_nano: int | None = None,
 ) -> LogRecord:
-    """One of the nine step events; `run_started` also registers the run id."""
+    """One of the nine step events; `run_started` also registers the run id.
+
+    `at_unix_nano` (every builder takes it) is when the fact happened, for a caller that knows
+    better than "now": a store handed records that carry their own timestamps.
+    """
     attributes = scope.attributes(step_index, idempotency_key)
     for name, value in (
         (wire.TOOL_CALL_ID, tool_call_id),
@@ -93,7 +101,11 @@ def step_event(
             attributes[name] = value
     _add_error(attributes, error)
     return _record(
-        wire.EVENT_PREFIX + kind, attributes, {wire.BODY_METADATA: dict(scope.metadata)}, error=error is not None
+        wire.EVENT_PREFIX + kind,
+        attributes,
+        {wire.BODY_METADATA: dict(scope.metadata)},
+        error=error is not None,
+        at_unix_nano=at_unix_nano,
     )
 
 
@@ -108,6 +120,7 @@ def snapshot(
     keep: int,
     append_refs: bytes,
     new_messages: list[str],
+    at_unix_nano: int | None = None,
 ) -> LogRecord:
     """A continuable snapshot, sent as a delta of the run's previous one.
 
@@ -123,7 +136,7 @@ def snapshot(
     if base_index is not None:
         attributes[wire.SNAPSHOT_BASE_INDEX] = base_index
     body = {wire.BODY_APPEND_REFS: append_refs, wire.BODY_MESSAGES: new_messages}
-    return _record(wire.SNAPSHOT, attributes, body)
+    return _record(wire.SNAPSHOT, attributes, body, at_unix_nano=at_unix_nano)
 
 
 def tool_effect(
@@ -137,6 +150,7 @@ def tool_effect(
     idempotency_key: str | None = None,
     effect_summary: str | None = None,
     error: ErrorText | None = None,
+    at_unix_nano: int | None = None,
 ) -> LogRecord:
     """A tool-effect ledger entry.
 
@@ -153,7 +167,7 @@ def tool_effect(
         body[wire.BODY_EFFECT_IDEMPOTENCY_KEY] = idempotency_key
     if effect_summary is not None:
         body[wire.BODY_EFFECT_SUMMARY] = effect_summary
-    return _record(wire.TOOL_EFFECT, attributes, body, error=error is not None)
+    return _record(wire.TOOL_EFFECT, attributes, body, error=error is not None, at_unix_nano=at_unix_nano)
 
 
 def message_fragment(
@@ -165,3 +179,27 @@ def message_fragment(
     attributes[wire.FRAGMENT_INDEX] = index
     attributes[wire.FRAGMENT_COUNT] = count
     return _record(wire.MESSAGE_FRAGMENT, attributes, {wire.BODY_FRAGMENT_DATA: data})
+
+
+def split_large_messages(
+    scope: RunScope, *, step_index: int, new_messages: list[str]
+) -> tuple[list[str], list[LogRecord]]:
+    """A snapshot's new messages that travel inline, and the fragment records to send before it.
+
+    A message over `wire.FRAGMENT_BYTES` would bring a request near gRPC's 4 MiB default cap, so
+    it goes ahead in pieces and the snapshot refers to it by digest only.
+    """
+    inline, fragments = [], []
+    for text in new_messages:
+        encoded = text.encode()
+        if len(encoded) <= wire.FRAGMENT_BYTES:
+            inline.append(text)
+            continue
+        digest = hashlib.sha256(encoded).hexdigest()
+        count = -(-len(encoded) // wire.FRAGMENT_BYTES)
+        for index in range(count):
+            piece = encoded[index * wire.FRAGMENT_BYTES : (index + 1) * wire.FRAGMENT_BYTES]
+            fragments.append(
+                message_fragment(scope, step_index=step_index, digest=digest, index=index, count=count, data=piece)
+            )
+    return inline, fragments

@@ -1,12 +1,17 @@
-"""Reading recorded runs back from a steprec recorder: RecorderClient, continue_run, fork_run."""
+"""Reading recorded runs back from a steprec recorder: RecorderClient, continue_run, fork_run.
 
-from .client import RecorderClient, RecorderUnavailable
+`RecorderStepStore` (pydantic-ai-harness's StepStore on a recorder) loads on first use, so this
+package imports without the `harness` extra it needs.
+"""
+
+from .client import RecorderBusy, RecorderClient, RecorderUnavailable, truncated
 from .resume import ForkedHistory, continue_run, fork_run, inspect_recovery
 from .sync import SyncRecorderClient
 from .types import RecoveryReport, RunRecord, RunTree, Snapshot, SnapshotSummary, StepEvent, ToolEffectRecord
 
 __all__ = [
     "ForkedHistory",
+    "RecorderBusy",
     "RecorderClient",
     "RecorderUnavailable",
     "RecoveryReport",
@@ -20,4 +25,13 @@ __all__ = [
     "continue_run",
     "fork_run",
     "inspect_recovery",
+    "truncated",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "RecorderStepStore":
+        from .step_store import RecorderStepStore
+
+        return RecorderStepStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
