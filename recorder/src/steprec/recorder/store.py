@@ -143,6 +143,7 @@ class DuckDBStore:
         self._applier = threading.Thread(target=self._apply_forever, name="steprec-applier", daemon=True)
         self._applier.start()
         self._digests = self._load_digest_filter()
+        self._run_ids = self._load_run_filter()
         self._next_seq = (
             1
             + self._connection.execute(
@@ -242,13 +243,25 @@ class DuckDBStore:
                 self._wal.release(self._applied)
 
     def _load_digest_filter(self) -> DigestFilter:
-        """A filter sized for twice the stored messages; rebuilt, bigger, when it fills up."""
-        count = self._connection.execute("SELECT count(*) FROM messages").fetchone()[0]
-        digests = DigestFilter(capacity=max(1 << 20, 2 * count))
-        for batch in self._connection.execute("SELECT digest FROM messages").to_arrow_reader():
-            for digest in batch.column(0).to_pylist():
-                digests.add(digest)
-        return digests
+        """A filter over the stored message digests; rebuilt, bigger, when it fills up."""
+        return self._load_filter("SELECT digest FROM messages", bytes)
+
+    def _load_run_filter(self) -> DigestFilter:
+        """A filter over every run id any table holds, so a new run's state needs no lookups."""
+        return self._load_filter(
+            "SELECT DISTINCT run_id FROM (SELECT run_id FROM runs UNION ALL SELECT run_id FROM events"
+            " UNION ALL SELECT run_id FROM snapshots UNION ALL SELECT run_id FROM tool_effects)",
+            _run_key,
+        )
+
+    def _load_filter(self, query: str, key) -> DigestFilter:
+        """A filter sized for twice what `query` lists now, holding `key(value)` of each value (streamed)."""
+        count = self._connection.execute(f"SELECT count(*) FROM ({query})").fetchone()[0]
+        loaded = DigestFilter(capacity=max(1 << 20, 2 * count))
+        for batch in self._connection.execute(query).to_arrow_reader():
+            for value in batch.column(0).to_pylist():
+                loaded.add(key(value))
+        return loaded
 
     def prune(
         self, *, started_before_ns: int | None, conversation_id: str | None, dry_run: bool = False
@@ -326,9 +339,10 @@ class DuckDBStore:
     def ingest(self, records: Iterable[StepRecord]) -> tuple[list[Refusal], int]:
         """Apply records in one transaction; returns the refusals and how many replays were suppressed."""
         with self._write_lock:
-            if self._digests.full:
+            if self._digests.full or self._run_ids.full:
                 self._wait_applied(self._wal.last_sequence)
                 self._digests = self._load_digest_filter()
+                self._run_ids = self._load_run_filter()
             cursor = self._connection.cursor()  # sees only applied rows; state covers the rest
             batch = Batch()
             refusals: list[Refusal] = []
@@ -373,7 +387,17 @@ class DuckDBStore:
         return self._next_seq - 1
 
     def _state(self, cursor: duckdb.DuckDBPyConnection, run_id: str) -> RunState:
+        """What ingest knows of a run: kept in memory once seen, else loaded from the database.
+
+        A run the run-id filter has never seen starts empty with no query at all: with 100,000
+        short runs, four lookups per new run were most of the ingest time (docs/benchmarks.md).
+        """
         if (state := self._states.get(run_id)) is not None:
+            return state
+        key = _run_key(run_id)
+        if not self._run_ids.might_contain(key):
+            self._run_ids.add(key)
+            state = self._states[run_id] = RunState(max_snapshots=self._default_max_snapshots)
             return state
         state = RunState()
         row = cursor.execute(
@@ -849,6 +873,10 @@ class DuckDBStore:
             )
         finally:
             cursor.close()
+
+
+def _run_key(run_id: str) -> bytes:
+    return hashlib.sha256(run_id.encode()).digest()
 
 
 def _dicts(result: duckdb.DuckDBPyConnection) -> list[dict]:
