@@ -140,6 +140,13 @@ async def test_every_view_answers_and_run_tree_pairs_runs_with_descendants(
         {"run_id": planner, "depth": 0, "relation": "self"},
         {"run_id": booker, "depth": 1, "relation": "child"},
     ]
+    # The columnar tree read agrees, with each run's outcome.
+    below = await client.descendants(planner)
+    assert below.select(["run_id", "depth", "parent_run_id", "outcome"]).to_pylist() == [
+        {"run_id": planner, "depth": 0, "parent_run_id": None, "outcome": "completed"},
+        {"run_id": booker, "depth": 1, "parent_run_id": planner, "outcome": "failed"},
+    ]
+    assert await client.descendants("never-recorded") is None
     # snapshot_messages rebuilds exactly what a snapshot read returns.
     newest = await client.latest_snapshot(planner)
     rows = (await client.sql(

@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import pytest
 from steprec.recorder import store as store_module
 from steprec.recorder.decode import Lineage, SnapshotRecord, StepEventRecord, ToolEffectRecord
@@ -251,4 +252,21 @@ def test_retention_stays_bounded_under_concurrent_saves(tmp_path: Path) -> None:
         thread.join()
     kept = store.cursor().execute("SELECT count(*) FROM snapshots WHERE run_id = 'run-1' AND NOT pruned").fetchone()
     assert kept[0] == 3  # all complete: the newest three, which include the newest overall and complete
+    store.close()
+
+
+def test_a_version_1_file_gains_run_endings_from_its_events(tmp_path: Path) -> None:
+    path = tmp_path / "steprec.duckdb"
+    store = DuckDBStore(path)
+    store.ingest([_event("run_started", "0:0:run_started:", registration="reg"),
+                  _event("run_failed", "1:0:run_failed:", index=1)])  # fmt: skip
+    store.close()
+    # Make it the file a schema-1 recorder left: no run_endings table, version 1 recorded.
+    old = duckdb.connect(str(path))
+    old.execute("DROP TABLE run_endings")
+    old.execute("DELETE FROM steprec_schema WHERE version = 2")
+    old.close()
+    store = DuckDBStore(path)
+    (run,) = store.list_runs(run_id="run-1")
+    assert run["outcome"] == "failed" and run["ended_at_ns"] is not None
     store.close()

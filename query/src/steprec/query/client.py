@@ -222,6 +222,19 @@ class RecorderClient:
             nodes[above].children.append(nodes[entry.run.run_id])
         return nodes[run_id]
 
+    async def descendants(self, run_id: str) -> pa.Table | None:
+        """The run and every run below it (delegates, forks, recursively) as one pyarrow Table, or None.
+
+        Columns: run_id, depth, parent_run_id, forked_from_run_id, forked_from_snapshot_index,
+        conversation_id, agent_name, started_at, ended_at, outcome; ordered by depth, then start.
+        The read for trees of many thousands of runs, where `run_tree`'s objects cost too much.
+        """
+        request = pb.GetDescendantsRequest(run_id=run_id)
+        table = await _ArrowStream(self._stream(self._stub.GetDescendants, request)).table()
+        if not table.num_rows or table["run_id"][0].as_py() != run_id:
+            return None  # the run itself was never recorded
+        return table.replace_schema_metadata(None)
+
     async def ancestors(self, run_id: str) -> list[RunRecord]:
         """The runs above this one, its parent first and the root last (empty for a root)."""
         return [

@@ -11,6 +11,7 @@ import marshal
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 _TS = pa.timestamp("ns", tz="UTC")
 _TEXT = pa.string()
@@ -46,6 +47,9 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
     },
 }  # fmt: skip
 
+_ENDINGS = {"write_seq": _INT, "run_id": _TEXT, "kind": _TEXT, "ended_at": _TS}
+ENDING_KINDS = ("run_completed", "run_failed")
+
 
 class Batch:
     """Rows of one transaction, kept column-wise and written as one Arrow table per table."""
@@ -76,7 +80,11 @@ def entry_parts(entry: bytes | Batch) -> tuple[dict[str, dict[str, list]], list[
 
 
 def to_arrow(entries: list[bytes | Batch]) -> dict[str, pa.Table]:
-    """Merge logged entries into one Arrow table per table: the columnar batch DuckDB ingests."""
+    """Merge logged entries into one Arrow table per table: the columnar batch DuckDB ingests.
+
+    `run_endings` is derived here from the events, so it can never disagree with them and the
+    write-ahead log's format does not change.
+    """
     merged: dict[str, dict[str, list]] = {}
     for entry in entries:
         columns_by_table, _, _ = entry_parts(entry)
@@ -84,11 +92,18 @@ def to_arrow(entries: list[bytes | Batch]) -> dict[str, pa.Table]:
             target = merged.setdefault(table, {name: [] for name in _COLUMNS[table]})
             for name, values in columns.items():
                 target[name].extend(values)
-    return {
+    tables = {
         table: pa.table({name: pa.array(values, _COLUMNS[table][name]) for name, values in columns.items()})
         for table, columns in merged.items()
         if next(iter(columns.values()))
     }
+    if "events" in tables:
+        endings = tables["events"].filter(pc.is_in(tables["events"]["kind"], pa.array(ENDING_KINDS)))
+        if endings.num_rows:
+            tables["run_endings"] = endings.select(["write_seq", "run_id", "kind", "recorded_at"]).rename_columns(
+                list(_ENDINGS)
+            )
+    return tables
 
 
 def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 
 import grpc
@@ -10,7 +11,7 @@ from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 
 from .media import MediaCorrupt, is_media_uri
-from .sql import EXPORTS, UNLIMITED, QueryLimits, SqlRefused, SqlTimeout, check_query
+from .sql import DESCENDANTS, EXPORTS, UNLIMITED, QueryLimits, SqlRefused, SqlTimeout, check_query
 from .store import DuckDBStore
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -163,6 +164,11 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
             page = rows[start : start + _TREE_PAGE]
             yield pb.GetRunTreeResponse(runs=[pb.TreeRun(run=_run(row), depth=row["depth"]) for row in page])
 
+    async def GetDescendants(self, request: pb.GetDescendantsRequest, context):  # noqa: N802
+        run_id = await _valid_run_id(request.run_id, context)
+        async for chunk in self._arrow(context, DESCENDANTS, UNLIMITED, params=(run_id,), counted=False):
+            yield chunk
+
     async def ListEvents(self, request: pb.ListEventsRequest, context) -> pb.ListEventsResponse:  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)
         rows = await asyncio.to_thread(self._store.list_events, run_id)
@@ -250,18 +256,19 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
         async for chunk in self._arrow(context, EXPORTS[request.view][0], UNLIMITED):
             yield chunk
 
-    async def _arrow(self, context, query: str, limits: QueryLimits):
+    async def _arrow(self, context, query: str, limits: QueryLimits, *, params: tuple = (), counted: bool = True):
         """Run a query in worker threads, one batch at a time, as ArrowChunks; errors become statuses.
 
+        `counted` queries (SQL, exports) share the concurrency limit; the recorder's own reads do not.
         When the caller goes away mid-stream the query is interrupted, and its cursor closed only
         after the worker step in flight has returned.
         """
-        if self._queries.locked():
+        if counted and self._queries.locked():
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"{_MAX_QUERIES} SQL queries are running; try again shortly"
             )
-        async with self._queries:
-            run = await asyncio.to_thread(self._store.query, query, limits)
+        async with self._queries if counted else contextlib.nullcontext():
+            run = await asyncio.to_thread(self._store.query, query, limits, params)
             batches, step = iter(run), None
             try:
                 while True:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import duckdb
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -101,6 +101,19 @@ _MIGRATIONS: dict[int, str] = {
     CREATE INDEX events_run_id ON events (run_id);
     CREATE INDEX snapshots_run_id ON snapshots (run_id);
     CREATE INDEX tool_effects_run_id ON tool_effects (run_id);
+    """,
+    # How each run ended, one small row per ending event: a run's outcome then costs a lookup in a
+    # table of runs, not a scan of every event (list_runs by conversation, run trees).
+    2: """
+    CREATE TABLE run_endings (
+        write_seq BIGINT NOT NULL,
+        run_id VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL,
+        ended_at TIMESTAMPTZ NOT NULL
+    );
+    INSERT INTO run_endings
+        SELECT write_seq, run_id, kind, recorded_at FROM events WHERE kind IN ('run_completed', 'run_failed');
+    CREATE INDEX run_endings_run_id ON run_endings (run_id);
     """,
 }
 

@@ -21,7 +21,7 @@ from .ingest import LogsIngest
 from .media import DEFAULT_THRESHOLD, open_media_store
 from .metrics import serve_metrics
 from .query_service import RecorderQuery
-from .store import DuckDBStore
+from .store import DuckDBStore, skip_pandas_lookups
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +127,7 @@ class Recorder:
 async def serve(options: ServeOptions) -> None:
     """Run until SIGTERM or SIGINT, then drain, commit and exit."""
     os.umask(0o077)  # every file the recorder makes (DuckDB's own WAL included) is owner-only
+    skip_pandas_lookups()
     recorder = Recorder(options)
     await recorder.start()
     host = options.listen.rsplit(":", 1)[0]

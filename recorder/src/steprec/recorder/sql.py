@@ -21,8 +21,8 @@ OUTCOME = "CASE {kind} WHEN 'run_completed' THEN 'completed' WHEN 'run_failed' T
 """A run's outcome from the kind of its last run-ending event (NULL while it runs)."""
 
 RUN_ENDINGS = (
-    "SELECT e.run_id, arg_max(e.kind, e.write_seq) AS kind, max(e.recorded_at) AS ended_at FROM main.events e"
-    " {restrict} WHERE e.kind IN ('run_completed', 'run_failed') GROUP BY e.run_id"
+    "SELECT e.run_id, arg_max(e.kind, e.write_seq) AS kind, max(e.ended_at) AS ended_at FROM main.run_endings e"
+    " {restrict} GROUP BY e.run_id"
 )
 """Per run, how and when it ended; `{restrict}` may narrow the events scanned (a SEMI JOIN)."""
 
@@ -49,6 +49,30 @@ RUN_EDGES = (
 """Every link of the run forest: a delegate under the run whose tool started it, a fork under its origin."""
 
 MAX_TREE_DEPTH = 10_000
+
+DESCENDANT_STEP = "SELECT e.run_id, t.depth + 1 FROM edges e JOIN tree t ON e.from_run_id = t.run_id WHERE"
+ANCESTOR_STEP = (
+    "SELECT p.parent_run_id, t.depth + 1 FROM main.runs p JOIN tree t ON p.run_id = t.run_id"
+    " WHERE p.parent_run_id IS NOT NULL AND"
+)
+TREE_WALK = (
+    f"WITH RECURSIVE edges AS ({RUN_EDGES}),"
+    f" tree(run_id, depth) AS (SELECT ?::VARCHAR, 0 UNION {{step}} t.depth < {MAX_TREE_DEPTH}),"
+    " depths AS (SELECT run_id, min(depth) AS depth FROM tree GROUP BY run_id)"
+)
+"""`depths`: one run (the `?` parameter) and, by `step`, its descendants or its ancestors, each at its
+least depth. UNION, not UNION ALL: a parent cycle (possible with explicit parent_run_id values) ends
+the walk instead of looping; every step is a hash join, so a 100,000-run tree is one query."""
+
+DESCENDANTS = f"""
+    {TREE_WALK.format(step=DESCENDANT_STEP)}
+    SELECT r.run_id, d.depth, r.parent_run_id, r.forked_from_run_id, r.forked_from_snapshot_index,
+           r.conversation_id, r.agent_name, r.started_at, x.ended_at, {OUTCOME.format(kind="x.kind")} AS outcome
+    FROM main.runs r JOIN depths d ON r.run_id = d.run_id
+    LEFT JOIN ({RUN_ENDINGS.format(restrict="SEMI JOIN depths d ON e.run_id = d.run_id")}) x ON x.run_id = r.run_id
+    ORDER BY d.depth, r.started_at, r.write_seq
+"""
+"""A run and everything below it, as columns: the read a very large tree needs (no object per run)."""
 
 VIEWS: dict[str, str] = {
     "runs": f"""
@@ -227,8 +251,9 @@ class QueryRun:
     `cancel` may be called from any thread, and `close` ends it whatever state it is in.
     """
 
-    def __init__(self, cursor: duckdb.DuckDBPyConnection, query: str, limits: QueryLimits) -> None:
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, query: str, limits: QueryLimits, params: tuple = ()) -> None:
         self._cursor = cursor
+        self._params = list(params)
         self._limits = limits
         self.truncated = False
         self._timed_out = threading.Event()
@@ -264,7 +289,7 @@ class QueryRun:
     def _batches(self) -> Iterator[bytes]:
         self._cursor.execute("SET search_path = 'recorded'")
         self._cursor.execute("BEGIN TRANSACTION READ ONLY")
-        reader = self._cursor.execute(self._query).to_arrow_reader(BATCH_ROWS)
+        reader = self._cursor.execute(self._query, self._params or None).to_arrow_reader(BATCH_ROWS)
         remaining, sent = self._limits.max_rows, False
         for batch in reader:
             if remaining is not None and batch.num_rows > remaining:

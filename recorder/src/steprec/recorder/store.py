@@ -16,6 +16,7 @@ already holds durably.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import importlib.util
 import json
 import logging
@@ -47,10 +48,11 @@ from .metrics import Metrics
 from .run_state import RunState, retained_snapshots, split_refs
 from .schema import migrate
 from .sql import (
-    MAX_TREE_DEPTH,
+    ANCESTOR_STEP,
+    DESCENDANT_STEP,
     OUTCOME,
-    RUN_EDGES,
     RUN_ENDINGS,
+    TREE_WALK,
     QueryLimits,
     QueryRun,
     install_views,
@@ -60,11 +62,27 @@ from .wal import WriteAheadLog
 
 logger = logging.getLogger(__name__)
 
-if importlib.util.find_spec("pandas") is None:
-    # DuckDB's Python client tries `import pandas` for every parameter it binds; without pandas
-    # installed (the recorder never needs it) each try walks sys.path again, about 0.3-1.3 ms per
-    # statement (measured, docs/benchmarks.md). Recording the absence makes the try free.
-    sys.modules["pandas"] = None
+
+class _MissingPandas(importlib.abc.MetaPathFinder):
+    """Answers "no pandas" at once, without walking sys.path (see `skip_pandas_lookups`)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas":
+            raise ModuleNotFoundError("No module named 'pandas'", name="pandas")
+        return None
+
+
+def skip_pandas_lookups() -> None:
+    """Make DuckDB's per-parameter `import pandas` free in a process that has no pandas.
+
+    DuckDB's Python client tries `import pandas` for every parameter it binds; without pandas
+    installed (the recorder never needs it) each try walks sys.path again, 0.3-1.3 ms per
+    statement (measured, docs/benchmarks.md). The daemon calls this at start; it changes nothing
+    where pandas is installed, and puts nothing in sys.modules that others might mistake for it.
+    """
+    if importlib.util.find_spec("pandas") is None and not any(isinstance(f, _MissingPandas) for f in sys.meta_path):
+        sys.meta_path.insert(0, _MissingPandas())
+
 
 BLOCK_SIZE = 16 * 1024
 STORAGE_VERSION = "v1.5.0"
@@ -288,7 +306,7 @@ class DuckDBStore:
                 where = " AND ".join(filters)
                 run_ids = [r for (r,) in cursor.execute(f"SELECT run_id FROM runs WHERE {where}", params).fetchall()]
                 counts = {}
-                for table in ("events", "snapshots", "tool_effects", "runs"):
+                for table in ("events", "run_endings", "snapshots", "tool_effects", "runs"):
                     counts[table] = cursor.execute(
                         f"SELECT count(*) FROM {table} WHERE list_contains(?::VARCHAR[], run_id)", [run_ids]
                     ).fetchone()[0]
@@ -804,23 +822,9 @@ class DuckDBStore:
             cursor.close()
 
     def run_tree(self, run_id: str, *, ancestors: bool) -> list[dict]:
-        """The run with its descendants and forks (or its ancestors), each row with its `depth` from the run.
-
-        UNION, not UNION ALL: a parent cycle (possible with explicit parent_run_id values) ends the
-        walk instead of looping. Both walks follow hash joins, so a 100,000-run tree is one query.
-        """
-        step = (
-            "SELECT p.parent_run_id, t.depth + 1 FROM runs p JOIN tree t ON p.run_id = t.run_id"
-            " WHERE p.parent_run_id IS NOT NULL AND"
-            if ancestors
-            else "SELECT e.run_id, t.depth + 1 FROM edges e JOIN tree t ON e.from_run_id = t.run_id WHERE"
-        )
-        prefix = (
-            f"WITH RECURSIVE edges AS ({RUN_EDGES}),"
-            f" tree(run_id, depth) AS (SELECT ?::VARCHAR, 0 UNION {step} t.depth < {MAX_TREE_DEPTH})"
-        )
-        chosen = "SELECT r.*, t.depth FROM runs r JOIN (SELECT run_id, min(depth) AS depth FROM tree GROUP BY run_id) t"
-        chosen += " ON r.run_id = t.run_id"
+        """The run with its descendants and forks (or its ancestors), each row with its `depth` from the run."""
+        prefix = TREE_WALK.format(step=ANCESTOR_STEP if ancestors else DESCENDANT_STEP)
+        chosen = "SELECT r.*, d.depth FROM runs r JOIN depths d ON r.run_id = d.run_id"
         return self._runs(prefix, chosen, [run_id], "ORDER BY depth, started_at_ns, write_seq", [])
 
     def read_media(self, uri: str) -> bytes | None:
@@ -840,9 +844,9 @@ class DuckDBStore:
             raise MediaCorrupt(f"the stored bytes of {uri} do not match its digest")
         return data
 
-    def query(self, query: str, limits: QueryLimits) -> QueryRun:
+    def query(self, query: str, limits: QueryLimits, params: tuple = ()) -> QueryRun:
         """A read-only SQL query over the views (sql.py), seeing every record acknowledged before it."""
-        return QueryRun(self.cursor(), query, limits)
+        return QueryRun(self.cursor(), query, limits, params)
 
     def list_events(self, run_id: str) -> list[dict]:
         cursor = self.cursor()

@@ -89,6 +89,12 @@ class GetRunTreeResponse(_message.Message):
     runs: _containers.RepeatedCompositeFieldContainer[TreeRun]
     def __init__(self, runs: _Optional[_Iterable[_Union[TreeRun, _Mapping]]] = ...) -> None: ...
 
+class GetDescendantsRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
 class TreeRun(_message.Message):
     __slots__ = ("run", "depth")
     RUN_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,11 @@ class RecorderQueryStub:
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeRequest.SerializeToString,
                 response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeResponse.FromString,
                 _registered_method=True)
+        self.GetDescendants = channel.unary_stream(
+                '/steprec.query.v1.RecorderQuery/GetDescendants',
+                request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetDescendantsRequest.SerializeToString,
+                response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ArrowChunk.FromString,
+                _registered_method=True)
         self.ListEvents = channel.unary_unary(
                 '/steprec.query.v1.RecorderQuery/ListEvents',
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListEventsRequest.SerializeToString,
@@ -113,6 +118,15 @@ class RecorderQueryServicer:
     def GetRunTree(self, request, context):
         """A run and all its descendants (delegates, their delegates ...), or its chain of ancestors.
         Streamed in pages, so a tree of any size fits under the gRPC message cap.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDescendants(self, request, context):
+        """A run and all its descendants and forks as columns (Arrow, see ArrowChunk): run_id, depth,
+        parent_run_id, forked_from_run_id, forked_from_snapshot_index, conversation_id, agent_name,
+        started_at, ended_at, outcome; the run itself first. The read for very large trees.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,6 +210,11 @@ def add_RecorderQueryServicer_to_server(servicer, server):
                     servicer.GetRunTree,
                     request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeRequest.FromString,
                     response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeResponse.SerializeToString,
+            ),
+            'GetDescendants': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetDescendants,
+                    request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetDescendantsRequest.FromString,
+                    response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ArrowChunk.SerializeToString,
             ),
             'ListEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEvents,
@@ -320,6 +339,33 @@ class RecorderQuery:
             '/steprec.query.v1.RecorderQuery/GetRunTree',
             steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeRequest.SerializeToString,
             steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetRunTreeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDescendants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/steprec.query.v1.RecorderQuery/GetDescendants',
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.GetDescendantsRequest.SerializeToString,
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ArrowChunk.FromString,
             options,
             channel_credentials,
             insecure,
