@@ -270,3 +270,28 @@ def test_a_version_1_file_gains_run_endings_from_its_events(tmp_path: Path) -> N
     (run,) = store.list_runs(run_id="run-1")
     assert run["outcome"] == "failed" and run["ended_at_ns"] is not None
     store.close()
+
+
+def test_the_message_cache_is_bounded_and_keeps_what_was_used() -> None:
+    from steprec.recorder.message_cache import MessageCache
+
+    cache = MessageCache(max_bytes=800)
+    for n in range(8):
+        cache.put(bytes([n]) * 32, "x" * 100)
+    cache.get_many({bytes([0]) * 32})  # used: survives the next eviction
+    cache.put(bytes([8]) * 32, "y" * 100)
+    assert set(cache.get_many({bytes([n]) * 32 for n in range(9)})) == {bytes([n]) * 32 for n in (0, *range(2, 9))}
+    cache.put(bytes([9]) * 32, "z" * 101)  # over an eighth of the bound: not cached at all
+    assert cache.get_many({bytes([9]) * 32}) == {}
+
+
+def test_a_snapshot_reads_the_same_from_the_cache_and_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "steprec.duckdb"
+    messages = [_message(i) for i in range(40)]
+    store = DuckDBStore(path)
+    store.ingest([_keyed_snapshot(i, f"{i}:{i}:complete", messages[: i + 1]) for i in range(40)])
+    warm = store.read_snapshot("run-1", include_interrupted=False)
+    store.close()
+    store = DuckDBStore(path)  # a new process: nothing cached
+    assert store.read_snapshot("run-1", include_interrupted=False) == warm and warm[1] == messages
+    store.close()

@@ -44,6 +44,7 @@ from .decode import (
 )
 from .digests import DigestFilter
 from .media import DEFAULT_THRESHOLD, URI_PREFIX, LocalMediaStore, MediaCodec, MediaCorrupt, MediaStore
+from .message_cache import MessageCache
 from .metrics import Metrics
 from .run_state import RunState, retained_snapshots, split_refs
 from .schema import migrate
@@ -147,6 +148,7 @@ class DuckDBStore:
         self._default_max_snapshots = max_snapshots_per_run
         media_store = media_store or LocalMediaStore(path.parent / "media", fsync=fsync)
         self._media = MediaCodec(media_store, threshold=media_threshold)
+        self._bodies = MessageCache()
         self.metrics = Metrics()
         self._fragments: dict[bytes, dict[int, bytes]] = {}
         self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
@@ -514,6 +516,7 @@ class DuckDBStore:
         """Store a new message once, its media as blobs, and which blobs it refers to."""
         body, offloaded = self._media.externalize(text)
         batch.add("messages", digest=digest, body=body, size_bytes=size)
+        self._bodies.put(digest, body)
         for uri, blob_bytes in offloaded:
             batch.add("media_refs", digest=digest, uri=uri, size_bytes=blob_bytes)
 
@@ -732,16 +735,17 @@ class DuckDBStore:
                 return None
             info = infos[0]
             refs = self._refs_of(cursor, run_id, info["snapshot_index"])
-            wanted = pa.table({"digest": pa.array(list(set(refs)), pa.binary())})
-            cursor.register("wanted_digests", wanted)
-            bodies = {
-                bytes(d): body
-                for d, body in cursor.execute(
+            wanted = set(refs)
+            bodies = self._bodies.get_many(wanted)
+            if missing := wanted - bodies.keys():
+                cursor.register("wanted_digests", pa.table({"digest": pa.array(list(missing), pa.binary())}))
+                for digest, body in cursor.execute(
                     "SELECT m.digest, any_value(m.body) FROM messages m JOIN wanted_digests w ON m.digest = w.digest"
                     " GROUP BY m.digest"
-                ).fetchall()
-            }
-            cursor.unregister("wanted_digests")
+                ).fetchall():
+                    bodies[bytes(digest)] = body
+                    self._bodies.put(bytes(digest), body)
+                cursor.unregister("wanted_digests")
             return info, [self._media.restore(bodies[r]) for r in refs]
         finally:
             cursor.close()
