@@ -9,13 +9,15 @@ the `harness` extra; docs/harness-store.md says what maps to what.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import re
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 try:
     from opentelemetry._logs import LogRecord
@@ -246,14 +248,14 @@ class RecorderStepStore:
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         run = await self._reader.get_run(run_id)
-        return _run_record(run) if run is not None else None
+        return _as(RunRecord, run) if run is not None else None
 
     async def list_runs(
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
     ) -> list[RunRecord]:
         """Matching runs, oldest start first (ties in registration order), as the protocol asks."""
         runs = await self._reader.list_runs(parent_run_id=parent_run_id, conversation_id=conversation_id)
-        return [_run_record(run) for run in runs]
+        return [_as(RunRecord, run) for run in runs]
 
     # -- events ------------------------------------------------------------------------------
 
@@ -286,7 +288,7 @@ class RecorderStepStore:
             self._snapshots.pop(event.run_id, None)
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
-        return [_step_event(event) for event in await self._reader.list_events(run_id)]
+        return [_as(StepEvent, event) for event in await self._reader.list_events(run_id)]
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -346,14 +348,14 @@ class RecorderStepStore:
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         snapshot = await self._reader.latest_snapshot(run_id, include_interrupted=include_interrupted)
-        return _continuable(snapshot) if snapshot is not None else None
+        return _as(ContinuableSnapshot, snapshot) if snapshot is not None else None
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """The run's retained snapshots in write order, with their messages (`interrupted` ones only if asked)."""
         reader = self._reader
         summaries = await reader.list_snapshots(run_id, include_interrupted=include_interrupted)
         snapshots = await asyncio.gather(*(reader.get_snapshot(run_id, s.snapshot_index) for s in summaries))
-        return [_continuable(snapshot) for snapshot in snapshots if snapshot is not None]
+        return [_as(ContinuableSnapshot, snapshot) for snapshot in snapshots if snapshot is not None]
 
     # -- tool effects ------------------------------------------------------------------------
 
@@ -381,10 +383,10 @@ class RecorderStepStore:
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         effect = await self._reader.get_tool_effect(run_id, tool_call_id)
-        return _tool_effect(effect) if effect is not None else None
+        return _as(ToolEffectRecord, effect) if effect is not None else None
 
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
-        return [_tool_effect(effect) for effect in await self._reader.list_unresolved_tool_effects(run_id)]
+        return [_as(ToolEffectRecord, effect) for effect in await self._reader.list_unresolved_tool_effects(run_id)]
 
     @staticmethod
     def _scope(
@@ -399,60 +401,15 @@ class RecorderStepStore:
         return _records.RunScope(run_id, conversation_id, parent_run_id, agent_name, dict(metadata or {}))
 
 
+_Record = TypeVar("_Record")
+
+
 # -- RecorderClient records as the harness's own ----------------------------------------------
 
 
-def _run_record(run: client_types.RunRecord) -> RunRecord:
-    return RunRecord(
-        run_id=run.run_id,
-        conversation_id=run.conversation_id,
-        parent_run_id=run.parent_run_id,
-        agent_name=run.agent_name,
-        metadata=dict(run.metadata),
-        started_at=run.started_at,
-        registration_id=run.registration_id,
-    )
-
-
-def _step_event(event: client_types.StepEvent) -> StepEvent:
-    return StepEvent(
-        run_id=event.run_id,
-        kind=event.kind,
-        step_index=event.step_index,
-        timestamp=event.timestamp,
-        conversation_id=event.conversation_id,
-        parent_run_id=event.parent_run_id,
-        agent_name=event.agent_name,
-        tool_call_id=event.tool_call_id,
-        tool_name=event.tool_name,
-        error=event.error,
-        metadata=dict(event.metadata),
-        idempotency_key=event.idempotency_key,
-    )
-
-
-def _continuable(snapshot: client_types.Snapshot) -> ContinuableSnapshot:
-    return ContinuableSnapshot(
-        run_id=snapshot.run_id,
-        step_index=snapshot.step_index,
-        messages=list(snapshot.messages),
-        conversation_id=snapshot.conversation_id,
-        parent_run_id=snapshot.parent_run_id,
-        agent_name=snapshot.agent_name,
-        timestamp=snapshot.timestamp,
-        state=snapshot.state,
-        idempotency_key=snapshot.idempotency_key,
-    )
-
-
-def _tool_effect(effect: client_types.ToolEffectRecord) -> ToolEffectRecord:
-    return ToolEffectRecord(
-        tool_call_id=effect.tool_call_id,
-        tool_name=effect.tool_name,
-        run_id=effect.run_id,
-        status=effect.status,
-        started_at=effect.started_at,
-        ended_at=effect.ended_at,
-        idempotency_key=effect.idempotency_key,
-        effect_summary=effect.effect_summary,
-    )
+def _as(kind: type[_Record], record: object) -> _Record:
+    """A steprec record as the harness dataclass of the same meaning: each of the harness's fields,
+    copied from the steprec record's field of the same name (steprec's records have them all)."""
+    values = {f.name: getattr(record, f.name) for f in fields(kind)}
+    return kind(**{name: copy.copy(value) if isinstance(value, dict | list) else value
+                   for name, value in values.items()})  # fmt: skip
