@@ -8,7 +8,9 @@ would refuse.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
 
@@ -17,6 +19,10 @@ from pydantic_ai.messages import ModelMessage
 from .client import RecorderClient
 from .resume import ForkedHistory, continue_run, fork_run, inspect_recovery
 from .types import RecoveryReport
+
+
+async def _collect(items: AsyncIterator[Any]) -> list[Any]:
+    return [item async for item in items]
 
 
 class SyncRecorderClient:
@@ -37,6 +43,8 @@ class SyncRecorderClient:
 
     def __getattr__(self, name: str):
         method = getattr(self._client, name)
+        if inspect.isasyncgenfunction(method):  # iter_runs, iter_media, iter_view: all items as a list
+            return lambda *args, **kwargs: self._run(_collect(method(*args, **kwargs)))
         if not asyncio.iscoroutinefunction(method):
             return method
         return lambda *args, **kwargs: self._run(method(*args, **kwargs))
