@@ -29,7 +29,7 @@ VENV = ROOT / ".venv-bench"
 PARTS = ["proto", "exporter", "query", "recorder"]
 REQUIREMENTS = ["pydantic-ai-harness==0.62.0"]
 INPUTS = [ROOT / "pyproject.toml", *(ROOT / part / "pyproject.toml" for part in PARTS)]
-MEASUREMENTS = ["overhead", "ingest"]  # each is benchmarks/<name>.py with `main(quick: bool) -> str`
+MEASUREMENTS = ["overhead", "ingest", "reads"]  # each is benchmarks/<name>.py with `main(quick: bool) -> str`
 
 
 def ensure_environment() -> Path:
