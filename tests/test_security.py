@@ -51,6 +51,13 @@ async def test_calls_without_the_token_are_unauthenticated(guarded) -> None:
     async with RecorderClient(recorder.endpoint) as anonymous:
         with pytest.raises(PermissionError, match="refused"):
             await anonymous.list_runs()
+        # The streamed reads too: SQL, exports, media, the columnar tree.
+        for read in (anonymous.sql("SELECT 1"), anonymous.fetch_media("media+sha256://" + "0" * 64),
+                     anonymous.descendants("any-run")):  # fmt: skip
+            with pytest.raises(PermissionError, match="refused"):
+                await read
+        with pytest.raises(PermissionError, match="refused"):
+            _ = [batch async for batch in anonymous.iter_view("runs")]
 
 
 async def test_with_the_token_everything_works_and_it_is_never_logged(guarded, tmp_path: Path) -> None:
