@@ -3,11 +3,13 @@
 Each frame is `length (u32) | sequence (u64) | crc32 (u32) | payload`. A
 process killed mid-write leaves at most one torn frame at the end of a file;
 readers stop there and writers cut it off before appending, so a crash never
-turns into a corrupt record.
+turns into a corrupt record. A write that fails (a full disk) is cut off at
+once, so the next frame starts where the last whole one ended.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -40,11 +42,30 @@ def read_frames(path: Path) -> Iterator[tuple[int, int, bytes]]:
 
 
 def open_for_append(path: Path) -> tuple[BinaryIO, int]:
-    """The file opened for appending after its last intact frame, and that frame's sequence (or -1)."""
+    """The file opened for `append_frame` after its last intact frame, and that frame's sequence (or -1).
+
+    Unbuffered: a buffered writer that failed to flush keeps the unwritten tail and writes it
+    before the next frame, which would corrupt the file after a full disk was freed.
+    """
     last_sequence, intact = -1, 0
     if path.exists():
         for frame in read_frames(path):
             last_sequence, intact, _ = frame
-    file = open(path, "ab")  # noqa: SIM115 - the caller owns it
+    file = open(path, "ab", buffering=0)  # noqa: SIM115 - the caller owns it
     file.truncate(intact)
     return file, last_sequence
+
+
+def append_frame(file: BinaryIO, sequence: int, payload: bytes, *, fsync: bool = False) -> None:
+    """Write one whole frame (and fsync it if asked), or on an OSError none of it: the file is cut
+    back before re-raising, so a failed append never leaves a frame that was not acknowledged."""
+    start = file.tell()
+    frame = memoryview(encode_frame(sequence, payload))
+    try:
+        while frame:
+            frame = frame[file.write(frame) :]
+        if fsync:
+            os.fsync(file.fileno())
+    except OSError:
+        file.truncate(start)
+        raise

@@ -8,7 +8,7 @@ import grpc
 from steprec.proto.admin.v1 import admin_pb2 as pb
 from steprec.proto.admin.v1 import admin_pb2_grpc
 
-from .store import DuckDBStore
+from .store import DuckDBStore, StoreUnavailable
 
 
 class RecorderAdmin(admin_pb2_grpc.RecorderAdminServicer):
@@ -27,4 +27,6 @@ class RecorderAdmin(admin_pb2_grpc.RecorderAdminServicer):
             )
         except ValueError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except StoreUnavailable as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{error}; nothing was pruned, retry later")
         return pb.PruneResponse(**vars(result))

@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 
 from .decode import decode_request
-from .store import DuckDBStore
+from .store import DuckDBStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,9 @@ class LogsIngest:
             # Inline, not in a worker thread: ingest is sequential anyway and takes well under a
             # millisecond, less than a thread hand-off costs; the slow part (DuckDB) is the applier's.
             refused_in_store, suppressed = self._store.ingest(records)
+        except StoreUnavailable as error:
+            logger.warning("refused a request of %d records: %s", len(records), error)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{error}; nothing of this request was stored, retry")
         except Exception:
             logger.exception("ingest of %d records failed; nothing of this request was stored", len(records))
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the recorder could not commit this request; retry")

@@ -25,6 +25,7 @@ class Metrics:
     apply_batches: int = 0
     apply_seconds: float = 0.0
     apply_failures: int = 0
+    entries_set_aside: int = 0
 
     def observe_export(self, received: int, rejected: list[str], suppressed: int, seconds: float) -> None:
         self.export_requests += 1
@@ -56,6 +57,12 @@ class Metrics:
             *_metric("steprec_apply_batches_total", "counter", "DuckDB transactions applied", self.apply_batches),
             *_metric("steprec_apply_seconds_total", "counter", "time spent in DuckDB transactions", self.apply_seconds),
             *_metric("steprec_apply_failures_total", "counter", "DuckDB transactions that failed", self.apply_failures),
+            *_metric(
+                "steprec_wal_entries_set_aside_total",
+                "counter",
+                "logged requests DuckDB refused for good",
+                self.entries_set_aside,
+            ),
             *_metric("steprec_wal_pending_entries", "gauge", "logged requests not yet in DuckDB", pending_entries),
             *_metric("steprec_wal_bytes", "gauge", "bytes in write-ahead log segments", wal_bytes),
             *_metric("steprec_database_bytes", "gauge", "bytes of the DuckDB file and its own WAL", database_bytes),

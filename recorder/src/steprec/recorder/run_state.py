@@ -35,6 +35,8 @@ class RunState:
     last_refs: tuple[bytes, ...] = ()
     chain_depth: int = 0
     known_digests: set[bytes] = field(default_factory=set)
+    last_sequence: int = 0
+    """The write-ahead log entry that last touched the run: its state may be dropped once that is applied."""
 
     def seen_snapshot_key(self, key: str) -> bool:
         """The reference stores' rule: an `<int>:` key at or below the high-water mark, or any retained key.

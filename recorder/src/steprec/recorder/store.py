@@ -10,11 +10,19 @@ applied, so a reader never misses an acknowledged record.
 
 Per-run state lives in memory and is loaded from the database the first time
 a run is seen after start-up; it runs ahead of DuckDB only by what the log
-already holds durably.
+already holds durably. At most `MAX_RUN_STATES` runs are kept; idle ones are
+dropped and loaded again when they come back.
+
+A full or unwritable disk stalls the applier and refuses ingest (`StoreUnavailable`,
+which the exporters retry) without blocking reads, which then see what is applied;
+both go on by themselves when space returns. A logged request DuckDB refuses for good
+(it cannot happen with validated input, but a recorder must not wedge on one) is set
+aside in `wal/set-aside/` and logged, and the applier goes on with the rest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.abc
 import importlib.util
@@ -100,7 +108,25 @@ FULL_REFS_EVERY = 32
 """A snapshot stores its whole reference list after this many deltas, bounding the chain a read walks."""
 
 MAX_ASSEMBLY_BYTES = 1 << 30
-"""Unfinished large messages the recorder holds in memory at most (1 GiB)."""
+"""Unfinished large messages the recorder holds in memory at most (1 GiB); the oldest give way."""
+MAX_RUN_STATES = 10_000
+"""Runs whose ingest state is kept in memory; an idle run beyond this is loaded again when it returns."""
+
+
+class StoreUnavailable(Exception):
+    """The store cannot take this write now (its disk is full or unwritable); the sender should retry."""
+
+
+_REFUSED_FOR_GOOD = (
+    duckdb.ConversionException, duckdb.ConstraintException, duckdb.InvalidInputException,
+    duckdb.BinderException, duckdb.CatalogException, duckdb.TypeMismatchException,
+    pa.ArrowException, ValueError, TypeError, KeyError, EOFError,
+)  # fmt: skip
+"""Errors of a logged request itself: applying it again can never succeed, so it is set aside.
+
+Anything else (a full disk, an I/O error, DuckDB out of memory) is retried: setting aside an
+acknowledged request on a passing failure would lose it.
+"""
 
 
 def _json_object_text(data: bytes) -> str:
@@ -152,14 +178,20 @@ class DuckDBStore:
         self.metrics = Metrics()
         self._fragments: dict[bytes, dict[int, bytes]] = {}
         self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
-        self._applied = self._connection.execute("SELECT applied_seq FROM steprec_wal").fetchone()[0]
-        self._wal.skip_to(self._applied)
-        self._recover()
         self._cond = threading.Condition()
         self._pending: list[tuple[int, Batch, set[bytes]]] = []
         self._pending_digests: set[bytes] = set()
         self._closing = False
         self._readers_waiting = 0
+        self._stalled: str | None = None
+        """Why the applier cannot write DuckDB now (a full disk), or None while it can."""
+        self._set_aside_runs: set[str] = set()
+        """Runs of requests the applier set aside, whose in-memory state ingest must drop."""
+        self._stale_runs: dict[str, int] = {}
+        """Runs whose state must be reloaded, and the log sequence that must be applied first."""
+        self._applied = self._connection.execute("SELECT applied_seq FROM steprec_wal").fetchone()[0]
+        self._wal.skip_to(self._applied)
+        self._recover()
         self._applier = threading.Thread(target=self._apply_forever, name="steprec-applier", daemon=True)
         self._applier.start()
         self._digests = self._load_digest_filter()
@@ -183,8 +215,8 @@ class DuckDBStore:
             self._connection.close()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A read cursor that sees every record acknowledged before this call."""
-        self._wait_applied(self._wal.last_sequence)
+        """A read cursor that sees every record acknowledged before this call (all that is applied, while stalled)."""
+        self._wait_applied(self._wal.last_sequence, for_write=False)
         return self._connection.cursor()
 
     # -- the write-ahead log and its applier -------------------------------------------------
@@ -193,9 +225,7 @@ class DuckDBStore:
         """Apply log entries a previous process acknowledged but did not apply, before serving."""
         entries = list(self._wal.entries_after(self._applied))
         for start in range(0, len(entries), 256):
-            chunk = entries[start : start + 256]
-            self._apply([(seq, payload, set()) for seq, payload in chunk])
-            self._applied = chunk[-1][0]
+            self._commit([(seq, payload, set()) for seq, payload in entries[start : start + 256]])
         if entries:
             logger.info("recovered %d acknowledged requests from the write-ahead log", len(entries))
 
@@ -216,10 +246,54 @@ class DuckDBStore:
             cursor.execute("UPDATE steprec_wal SET applied_seq = ?", [entries[-1][0]])
             cursor.execute("COMMIT")
         except BaseException:
-            cursor.execute("ROLLBACK")
+            with contextlib.suppress(duckdb.TransactionException):  # a failed COMMIT already ended it
+                cursor.execute("ROLLBACK")
             raise
         finally:
             cursor.close()
+
+    def _commit(self, entries: list[tuple[int, bytes | Batch, set[bytes]]]) -> None:
+        """Apply `entries` in one transaction, or if DuckDB refuses one of them for good, each alone.
+
+        A refused entry is set aside and the others are applied. A passing failure (a full
+        disk) raises, with every entry before the failing one applied and marked so.
+        """
+        try:
+            self._apply(entries)
+        except _REFUSED_FOR_GOOD as error:
+            if len(entries) == 1:
+                self._set_aside(entries[0], error)
+            else:
+                for entry in entries:
+                    self._commit([entry])
+            return
+        self._mark_applied(entries)
+
+    def _mark_applied(self, entries: list[tuple[int, bytes | Batch, set[bytes]]]) -> None:
+        with self._cond:
+            self._applied = entries[-1][0]
+            for _, _, digests in entries:
+                self._pending_digests -= digests
+            self._cond.notify_all()
+
+    def _set_aside(self, entry: tuple[int, bytes | Batch, set[bytes]], error: Exception) -> None:
+        """Keep a request that can never be applied in `wal/set-aside/` for a person to look at, and move on."""
+        sequence, payload, _ = entry
+        folder = self._wal.folder / "set-aside"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        kept = folder / f"entry-{sequence:020d}.bin"
+        with open(os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+            file.write(payload if isinstance(payload, bytes) else payload.encode())
+        self._connection.execute("UPDATE steprec_wal SET applied_seq = ?", [sequence])
+        self.metrics.entries_set_aside += 1
+        logger.error("logged request %d can never be applied (%s); it is kept in %s", sequence, error, kept)
+        try:
+            columns = entry_parts(payload)[0]
+        except _REFUSED_FOR_GOOD:
+            columns = {}  # not even readable: it names no run whose state could be wrong
+        with self._cond:
+            self._set_aside_runs.update(r for table in columns.values() for r in table.get("run_id", ()))
+        self._mark_applied([entry])
 
     def _apply_forever(self) -> None:
         backoff = 0.05
@@ -240,27 +314,29 @@ class DuckDBStore:
                 entries, self._pending = self._pending, []
             started = time.perf_counter()
             try:
-                self._apply(entries)
-            except Exception:
+                self._commit(entries)
+            except Exception as error:
+                # A passing failure: keep what is not applied for the next round. Readers stop
+                # waiting for it and ingest refuses until a round succeeds.
                 self.metrics.apply_failures += 1
-                logger.exception(
-                    "applying %d logged requests to DuckDB failed; retrying in %.2fs", len(entries), backoff
-                )
+                logger.error("the recorder cannot write its database (%s); retrying in %.2fs", error, backoff)
                 with self._cond:
-                    self._pending = entries + self._pending
+                    self._stalled = f"the recorder cannot write its database now: {error}"
+                    self._pending = [entry for entry in entries if entry[0] > self._applied] + self._pending
+                    self._cond.notify_all()
+                    if self._closing:
+                        return  # the log keeps the rest; the next start applies it
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            if self._stalled is not None:
+                logger.warning("the recorder can write its database again")
+                with self._cond:
+                    self._stalled = None
             backoff = 0.05
             self.metrics.apply_batches += 1
             self.metrics.apply_seconds += time.perf_counter() - started
-            with self._cond:
-                self._applied = entries[-1][0]
-                for _, _, digests in entries:
-                    self._pending_digests -= digests
-                self._cond.notify_all()
-            with self._write_lock:
-                self._wal.release(self._applied)
+            self._wal.release(self._applied)
 
     def _load_digest_filter(self) -> DigestFilter:
         """A filter over the stored message digests; rebuilt, bigger, when it fills up."""
@@ -294,7 +370,7 @@ class DuckDBStore:
         if started_before_ns is None and conversation_id is None:
             raise ValueError("prune needs an age or a conversation; refusing to remove every run")
         with self._write_lock:
-            self._wait_applied(self._wal.last_sequence)
+            self._wait_applied(self._wal.last_sequence, for_write=True)
             cursor = self._connection.cursor()
             try:
                 filters, params = [], []
@@ -343,24 +419,36 @@ class DuckDBStore:
     def pending_entries(self) -> int:
         return len(self._pending)
 
-    def _wait_applied(self, sequence: int) -> None:
+    def _wait_applied(self, sequence: int, *, for_write: bool) -> None:
+        """Wait until everything logged up to `sequence` is in DuckDB.
+
+        While the applier is stalled (a full disk) nothing waits for it: a write is refused
+        with StoreUnavailable, a read goes on with what is applied.
+        """
         with self._cond:
             if self._applied >= sequence:
                 return
             self._readers_waiting += 1
             self._cond.notify_all()
             try:
-                self._cond.wait_for(lambda: self._applied >= sequence)
+                self._cond.wait_for(lambda: self._applied >= sequence or self._stalled is not None)
             finally:
                 self._readers_waiting -= 1
+            if self._applied < sequence and for_write:
+                raise StoreUnavailable(self._stalled)
 
     # -- ingest ----------------------------------------------------------------------------------
 
     def ingest(self, records: Iterable[StepRecord]) -> tuple[list[Refusal], int]:
-        """Apply records in one transaction; returns the refusals and how many replays were suppressed."""
+        """Log one request's records as one entry; returns the refusals and how many replays were suppressed.
+
+        Raises StoreUnavailable when nothing of it could be logged (a full disk): the sender retries.
+        """
+        records = list(records)
         with self._write_lock:
+            self._forget_stale_states({record.lineage.run_id for record in records})
             if self._digests.full or self._run_ids.full:
-                self._wait_applied(self._wal.last_sequence)
+                self._wait_applied(self._wal.last_sequence, for_write=True)
                 self._digests = self._load_digest_filter()
                 self._run_ids = self._load_run_filter()
             cursor = self._connection.cursor()  # sees only applied rows; state covers the rest
@@ -369,38 +457,70 @@ class DuckDBStore:
             suppressed = 0
             staged_digests: set[bytes] = set()
             touched: set[str] = set()
-            for record in records:
-                run_id = record.lineage.run_id
-                touched.add(run_id)
-                state = self._state(cursor, run_id)
-                try:
-                    if isinstance(record, MessageFragmentRecord):
-                        applied = self._stage_fragment(cursor, record, batch, staged_digests)
-                    elif isinstance(record, StepEventRecord):
-                        applied = self._stage_event(record, state, batch)
-                    elif isinstance(record, SnapshotRecord):
-                        applied = self._stage_snapshot(cursor, record, state, batch, staged_digests)
-                    else:
-                        applied = self._stage_tool_effect(record, state, batch)
-                    suppressed += not applied
-                except Malformed as error:
-                    refusals.append(Refusal(record.lineage.index, error.code, str(error)))
             try:
+                for record in records:
+                    run_id = record.lineage.run_id
+                    touched.add(run_id)
+                    state = self._state(cursor, run_id)
+                    try:
+                        if isinstance(record, MessageFragmentRecord):
+                            applied = self._stage_fragment(cursor, record, batch, staged_digests)
+                        elif isinstance(record, StepEventRecord):
+                            applied = self._stage_event(record, state, batch)
+                        elif isinstance(record, SnapshotRecord):
+                            applied = self._stage_snapshot(cursor, record, state, batch, staged_digests)
+                        else:
+                            applied = self._stage_tool_effect(record, state, batch)
+                        suppressed += not applied
+                    except Malformed as error:
+                        refusals.append(Refusal(record.lineage.index, error.code, str(error)))
                 if batch:
                     sequence = self._wal.append(batch.encode())
                     with self._cond:
                         self._pending.append((sequence, batch, staged_digests))
                         self._pending_digests |= staged_digests
                         self._cond.notify_all()
-            except BaseException:
-                # Nothing of this request is durable, but its runs' state already counts it.
-                self._wait_applied(self._wal.last_sequence)
+                    for run_id in touched:
+                        self._states[run_id].last_sequence = sequence
+            except BaseException as error:
+                # Nothing of this request is durable, but its runs' state may already count part of
+                # it: load that state again once everything logged before it is applied.
                 for run_id in touched:
                     self._states.pop(run_id, None)
+                    self._stale_runs[run_id] = self._wal.last_sequence
+                self._fragments.clear()
+                if isinstance(error, OSError):
+                    raise StoreUnavailable(f"the recorder cannot write its log now: {error}") from error
                 raise
             finally:
                 cursor.close()
+            self._forget_idle_states()
             return refusals, suppressed
+
+    def _forget_stale_states(self, run_ids: set[str]) -> None:
+        """Drop the state of runs a failed write or a set-aside request left wrong, or refuse while it
+        cannot be loaded again yet (earlier requests are still to be applied)."""
+        with self._cond:
+            for run_id in self._set_aside_runs:
+                self._stale_runs[run_id] = self._wal.last_sequence
+            self._set_aside_runs.clear()
+        for run_id in run_ids & self._stale_runs.keys():
+            if self._applied < self._stale_runs[run_id]:
+                raise StoreUnavailable(self._stalled or f"run {run_id!r} waits for its earlier records to be applied")
+            del self._stale_runs[run_id]
+            self._states.pop(run_id, None)
+
+    def _forget_idle_states(self) -> None:
+        """Keep at most MAX_RUN_STATES runs in memory, dropping the longest-known idle ones first.
+
+        Only a state whose every record is applied may go: loading it again reads the database.
+        """
+        excess = len(self._states) - MAX_RUN_STATES
+        if excess <= 0:
+            return
+        idle = [run_id for run_id, state in self._states.items() if state.last_sequence <= self._applied]
+        for run_id in idle[: excess + MAX_RUN_STATES // 10]:
+            del self._states[run_id]
 
     def _seq(self) -> int:
         self._next_seq += 1
@@ -533,16 +653,14 @@ class DuckDBStore:
             return False
         parts = self._fragments.get(digest)
         if parts is None:
-            self._wait_applied(self._wal.last_sequence)  # pieces from before a restart are in the table
+            self._wait_applied(self._wal.last_sequence, for_write=True)  # pieces from before a restart are in the table
             rows = cursor.execute(
                 "SELECT fragment_index, data FROM message_fragments WHERE digest = ?", [digest]
             ).fetchall()
             parts = self._fragments[digest] = {index: bytes(data) for index, data in rows}
         if record.index in parts:
             return False
-        held = sum(len(piece) for pieces in self._fragments.values() for piece in pieces.values())
-        if held + len(record.data) > MAX_ASSEMBLY_BYTES:
-            raise Malformed("too_large", f"more than {MAX_ASSEMBLY_BYTES} bytes of unfinished large messages")
+        self._make_room_for_assembly(digest, len(record.data))
         parts[record.index] = record.data
         batch.add("message_fragments", digest=digest, fragment_index=record.index,
                   fragment_count=record.count, data=record.data)  # fmt: skip
@@ -557,6 +675,22 @@ class DuckDBStore:
         staged_digests.add(digest)
         self._digests.add(digest)
         return True
+
+    def _make_room_for_assembly(self, digest: bytes, size: int) -> None:
+        """Forget the oldest other unfinished messages until `size` more bytes fit under MAX_ASSEMBLY_BYTES.
+
+        Their pieces are logged, so one that resumes is loaded again from the table; a sender that
+        abandons large messages can therefore not lock others out until a restart.
+        """
+        held = {d: sum(map(len, pieces.values())) for d, pieces in self._fragments.items()}
+        if held[digest] + size > MAX_ASSEMBLY_BYTES:
+            raise Malformed("too_large", f"a message of more than {MAX_ASSEMBLY_BYTES} bytes")
+        total = sum(held.values())
+        for other in [d for d in self._fragments if d != digest]:
+            if total + size <= MAX_ASSEMBLY_BYTES:
+                break
+            total -= held[other]
+            del self._fragments[other]
 
     def _stage_tool_effect(self, record: ToolEffectRecord, state: RunState, batch: Batch) -> bool:
         key = record.lineage.idempotency_key
@@ -595,7 +729,7 @@ class DuckDBStore:
         elif record.base_index == state.last_index:
             base = state.last_refs
         else:
-            self._wait_applied(self._wal.last_sequence)  # the base may still be in the log
+            self._wait_applied(self._wal.last_sequence, for_write=True)  # the base may still be in the log
             base = self._refs_of(cursor, record.lineage.run_id, record.base_index)
             if not base and record.keep:
                 raise Malformed("unknown_base", f"snapshot base {record.base_index} of this run was never stored")

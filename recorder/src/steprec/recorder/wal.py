@@ -11,22 +11,28 @@ order. With `fsync=True` an acknowledgement also survives power loss.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from steprec.proto.framing import encode_frame, open_for_append, read_frames
+from steprec.proto.framing import append_frame, open_for_append, read_frames
 
 ROTATE_BYTES = 64 << 20
 """A segment larger than this is closed and a new one started once everything in it was applied."""
 
 
 class WriteAheadLog:
-    """Numbered segment files `wal-<first sequence>.log` in one folder."""
+    """Numbered segment files `wal-<first sequence>.log` in one folder.
+
+    Ingest appends and the applier releases from different threads; the log's own lock keeps
+    them apart, so the applier never waits for ingest's lock (which may be waiting for it).
+    """
 
     def __init__(self, folder: Path, *, fsync: bool = False) -> None:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.folder = folder
         self.fsync = fsync
+        self._lock = threading.Lock()
         segments = self._segments()
         self._path = segments[-1] if segments else self._segment_path(1)
         self._file, last = open_for_append(self._path)
@@ -59,16 +65,21 @@ class WriteAheadLog:
                     yield sequence, payload
 
     def append(self, payload: bytes) -> int:
-        """Write one entry and return its sequence; durable against a process crash once this returns."""
-        self.last_sequence += 1
-        self._file.write(encode_frame(self.last_sequence, payload))
-        self._file.flush()
-        if self.fsync:
-            os.fsync(self._file.fileno())
-        return self.last_sequence
+        """Write one entry and return its sequence; durable against a process crash once this returns.
+
+        On an OSError (a full disk) nothing of the entry stays in the log and the sequence is not used.
+        """
+        with self._lock:
+            append_frame(self._file, self.last_sequence + 1, payload, fsync=self.fsync)
+            self.last_sequence += 1
+            return self.last_sequence
 
     def release(self, applied: int) -> None:
         """Drop segments whose every entry is applied; start a new segment when the current one is large."""
+        with self._lock:
+            self._release(applied)
+
+    def _release(self, applied: int) -> None:
         if applied >= self.last_sequence and self._file.tell() >= ROTATE_BYTES:
             self._start_segment(self.last_sequence + 1)
         segments = self._segments()
@@ -78,10 +89,11 @@ class WriteAheadLog:
 
     def close(self, *, applied: int | None = None) -> None:
         """Close; when everything up to the last entry is `applied`, leave one empty segment behind."""
-        if applied is not None and applied >= self.last_sequence:
-            self._start_segment(self.last_sequence + 1)
-            self.release(applied)
-        self._file.close()
+        with self._lock:
+            if applied is not None and applied >= self.last_sequence:
+                self._start_segment(self.last_sequence + 1)
+                self._release(applied)
+            self._file.close()
 
 
 def _first_sequence(segment: Path) -> int:

@@ -1,0 +1,109 @@
+"""The recorder's memory stays bounded, and what it lets go of is loaded again, never lost or duplicated."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from steprec.recorder import store as store_module
+from steprec.recorder.decode import MessageFragmentRecord
+from steprec.recorder.store import DuckDBStore
+
+from .test_store import _event, _lineage, _snapshot
+
+
+def test_idle_runs_are_forgotten_and_their_replays_still_suppressed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MAX_RUN_STATES", 20)
+    store = DuckDBStore(tmp_path / "steprec.duckdb")
+    try:
+        for n in range(100):
+            store.ingest([_event("run_started", "0:0:run_started:", run_id=f"run-{n}", registration=f"reg-{n}")])
+            store.cursor().close()  # applied, so the run is idle and may be forgotten
+        assert len(store._states) <= 20
+        # Run 0 was forgotten long ago; its replay and a second registration are judged from the database.
+        refusals, suppressed = store.ingest(
+            [
+                _event("run_started", "0:0:run_started:", run_id="run-0", registration="reg-0"),
+                _event("run_started", "0:0:run_started:", run_id="run-0", registration="someone-else", index=1),
+            ]
+        )
+        assert suppressed == 1 and [r.code for r in refusals] == ["run_id_taken"]
+        assert len(store.list_events("run-0")) == 1
+    finally:
+        store.close()
+
+
+def test_a_run_with_records_still_in_the_log_is_not_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "MAX_RUN_STATES", 5)
+    monkeypatch.setattr(store_module, "APPLY_LINGER_SECONDS", 3600)  # nothing is applied until a read
+    monkeypatch.setattr(store_module, "APPLY_BATCH_ENTRIES", 10**9)
+    store = DuckDBStore(tmp_path / "steprec.duckdb")
+    try:
+        for n in range(12):
+            store.ingest([_event("model_request_started", f"k{n}", run_id=f"run-{n}")])
+        assert len(store._states) == 12  # none is applied yet: dropping one would forget its keys
+        store.ingest([_event("model_request_started", "k0", run_id="run-0")])
+        assert [e["idempotency_key"] for e in store.list_events("run-0")] == ["k0"]
+    finally:
+        store.close()
+
+
+def _fragments(text: str, pieces: int, run_id: str) -> list[MessageFragmentRecord]:
+    data = text.encode()
+    digest = hashlib.sha256(data).digest()
+    size = -(-len(data) // pieces)
+    return [
+        MessageFragmentRecord(_lineage(run_id, index=i), digest, i, pieces, data[i * size : (i + 1) * size])
+        for i in range(pieces)
+    ]
+
+
+def test_abandoned_large_messages_give_way_and_resume_from_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MAX_ASSEMBLY_BYTES", 3000)
+    store = DuckDBStore(tmp_path / "steprec.duckdb")
+    try:
+        first = json.dumps({"kind": "request", "parts": [], "pad": "a" * 2000})
+        second = json.dumps({"kind": "request", "parts": [], "pad": "b" * 2000})
+        a, b = _fragments(first, 2, "run-a"), _fragments(second, 2, "run-b")
+        assert store.ingest([a[0]]) == ([], 0)
+        # Before, a sender that abandoned `first` locked every other large message out until a restart.
+        assert store.ingest([b[0]]) == ([], 0)
+        assert store.ingest([b[1]]) == ([], 0)
+        assert store.ingest([a[1]]) == ([], 0)  # `first`'s other half comes from the table
+        bodies = {bytes(d): body for d, body in store.cursor().execute("SELECT digest, body FROM messages").fetchall()}
+        assert bodies == {a[0].digest: first, b[0].digest: second}
+        refusals, _ = store.ingest(_fragments(json.dumps({"pad": "c" * 4000}), 2, "run-c"))
+        assert [r.code for r in refusals] == ["too_large"]  # one message over the whole bound is refused
+    finally:
+        store.close()
+
+
+def test_a_logged_request_duckdb_refuses_is_set_aside_and_the_recorder_goes_on(tmp_path: Path) -> None:
+    store = DuckDBStore(tmp_path / "steprec.duckdb")
+    store.ingest([_event("run_started", "0:0:run_started:", registration="reg")])
+    store.close()
+    # A log entry that was acknowledged but cannot be applied (written by a buggy or other version):
+    # before, every start failed on it and the recorder could never serve again.
+    from steprec.recorder.wal import WriteAheadLog
+
+    log = WriteAheadLog(tmp_path / "wal")
+    log.append(b"not a batch")
+    log.close()
+
+    store = DuckDBStore(tmp_path / "steprec.duckdb")
+    try:
+        (kept,) = (tmp_path / "wal" / "set-aside").iterdir()
+        assert kept.read_bytes() == b"not a batch" and kept.stat().st_mode & 0o077 == 0
+        assert store.metrics.entries_set_aside == 1
+        store.ingest([_snapshot(0, [], base=None, keep=0, send=[])])
+        assert [e["kind"] for e in store.list_events("run-1")] == ["run_started"]
+        assert len(store.list_snapshots("run-1", include_interrupted=True)) == 1
+    finally:
+        store.close()
+    assert DuckDBStore(tmp_path / "steprec.duckdb").metrics.entries_set_aside == 0  # applied past it for good
