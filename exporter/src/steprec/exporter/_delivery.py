@@ -197,12 +197,18 @@ class OrderedDeliveryProcessor(LogRecordProcessor):
         self._settle(batch, Delivery.SPOOLED if spooled else Delivery.DROPPED, ())
 
     def _drain_spool(self) -> None:
-        """Re-send spooled requests in order until one fails; then back off."""
-        while (head := self._spool.peek()) is not None:
+        """Re-send spooled requests in order, many per Export, until one fails (then back off).
+
+        It stops early for a hook waiting on a barrier: that hook's records go to the spool behind
+        these (order is kept) and its barrier is answered, so catching up after an outage holds an
+        agent up by one Export at most, not by the whole spool.
+        """
+        while (head := self._spool.peek(_MAX_BATCH_BYTES)) is not None:
             if time.monotonic() < self._drain_after:
                 return
-            end, payload = head
-            outcome = self._exporter.send(ExportLogsServiceRequest.FromString(payload))
+            end, payloads = head
+            # Serialised requests concatenate into one request holding all their records, in order.
+            outcome = self._exporter.send(ExportLogsServiceRequest.FromString(b"".join(payloads)))
             if not outcome.delivered:
                 self._drain_after = time.monotonic() + self._drain_backoff
                 self._drain_backoff = min(self._drain_backoff * 2, _DRAIN_BACKOFF[1])
@@ -216,6 +222,8 @@ class OrderedDeliveryProcessor(LogRecordProcessor):
             self._drain_backoff = _DRAIN_BACKOFF[0]
             with self._cond:
                 self._cond.notify_all()
+                if self._waiters:
+                    return
         logger.debug("steprec: spool drained")
 
     def _settle(self, batch: list[ReadWriteLogRecord], delivery: Delivery, refusals: tuple[Refusal, ...]) -> None:

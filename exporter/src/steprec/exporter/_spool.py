@@ -7,11 +7,17 @@ so records a crashed agent could not deliver still arrive. Frames are sent in
 order and a segment's progress is kept in a `.pos` file beside it; a frame
 sent twice after a crash is harmless, because the recorder suppresses replays
 by idempotency key.
+
+The spool keeps the end offset of every unsent frame in memory (an integer per
+request), so the oldest requests are read with one positioned read, however
+long the segment: re-reading a segment from its start for every request made
+draining quadratic in the spool's size.
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
 import uuid
@@ -20,31 +26,47 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from steprec.proto.framing import encode_frame, open_for_append, read_frames
+from steprec.proto.framing import append_frame, encode_frame, open_for_append, read_frames
 
 logger = logging.getLogger(__name__)
+
+
+_FRAME_OVERHEAD = len(encode_frame(0, b""))
+"""Bytes a frame adds before its payload (`steprec.proto.framing`: length, sequence, checksum)."""
 
 
 @dataclass
 class _Segment:
     path: Path
     lock: BinaryIO
+    """Read handle holding the segment's `flock`; the spool reads frames through it."""
     position: int
     """Byte offset of the first frame not yet acknowledged."""
+    ends: deque[int]
+    """End offsets of the frames after `position`, in order."""
 
     @property
     def pos_path(self) -> Path:
         return self.path.with_suffix(".pos")
 
     def unsent_bytes(self) -> int:
-        return max(self.path.stat().st_size - self.position, 0)
+        return self.ends[-1] - self.position if self.ends else 0
 
-    def next_frame(self) -> tuple[int, bytes] | None:
-        for _, end, payload in _frames_from(self.path, self.position):
-            return end, payload
-        return None
+    def oldest(self, max_bytes: int) -> tuple[int, list[bytes]]:
+        """Payloads of the oldest unsent frames, as many as fit in `max_bytes` (at least one), and where they end."""
+        last = 0
+        while last + 1 < len(self.ends) and self.ends[last + 1] - self.position <= max_bytes:
+            last += 1
+        data = os.pread(self.lock.fileno(), self.ends[last] - self.position, self.position)
+        payloads, start = [], self.position
+        for end in itertools.islice(self.ends, last + 1):
+            payloads.append(data[start - self.position + _FRAME_OVERHEAD : end - self.position])
+            start = end
+        return start, payloads
 
     def advance(self, end: int) -> None:
+        while self.ends and self.ends[0] <= end:
+            self.ends.popleft()
         self.position = end
         self.pos_path.write_text(str(end))
 
@@ -52,12 +74,6 @@ class _Segment:
         self.path.unlink(missing_ok=True)
         self.pos_path.unlink(missing_ok=True)
         self.lock.close()
-
-
-def _frames_from(path: Path, position: int):
-    for sequence, end, payload in read_frames(path):
-        if end > position:
-            yield sequence, end, payload
 
 
 def _try_lock(path: Path) -> BinaryIO | None:
@@ -96,7 +112,8 @@ class Spool:
                 continue  # a live process owns it
             pos_path = path.with_suffix(".pos")
             position = int(pos_path.read_text() or 0) if pos_path.exists() else 0
-            adopted.append(_Segment(path, lock, position))
+            ends = deque(end for _, end, _ in read_frames(path) if end > position)  # stops before a torn frame
+            adopted.append(_Segment(path, lock, position, ends))
         return adopted
 
     def __bool__(self) -> bool:
@@ -106,42 +123,60 @@ class Spool:
         return sum(segment.unsent_bytes() for segment in self._segments)
 
     def append(self, payload: bytes) -> bool:
-        """Queue one request; False (and counted, and warned) when it would exceed the bound."""
+        """Queue one request; False (and counted, and warned) when it would exceed the bound or
+        cannot be written (a full disk): a barrier is then answered `dropped`, never left waiting."""
         if self.pending_bytes() + len(payload) > self.max_bytes:
-            self.dropped += 1
-            logger.warning(
-                "steprec: spool %s is full (%d bytes); dropped a request of %d bytes (%d dropped so far)",
-                self.directory,
-                self.max_bytes,
-                len(payload),
-                self.dropped,
-            )
-            return False
+            return self._drop(len(payload), f"is full ({self.max_bytes} bytes)")
+        try:
+            self._write(payload)
+        except OSError as error:
+            return self._drop(len(payload), f"cannot take it ({error})")
+        return True
+
+    def _write(self, payload: bytes) -> None:
         if self._writer is None:
             path = self.directory / f"spool-{os.getpid()}-{uuid.uuid4().hex}.log"
             self._writer, _ = open_for_append(path)
-            os.chmod(path, 0o600)
             lock = _try_lock(path)
             assert lock is not None
-            self._segments.append(_Segment(path, lock, 0))
+            self._segments.append(_Segment(path, lock, 0, deque()))
+            os.chmod(path, 0o600)
+        segment = self._segments[-1]
+        start = segment.ends[-1] if segment.ends else segment.position
         self._sequence += 1
-        self._writer.write(encode_frame(self._sequence, payload))
-        self._writer.flush()
-        return True
+        try:
+            append_frame(self._writer, self._sequence, payload)  # all of the frame or none of it
+        except OSError:
+            if os.fstat(self._writer.fileno()).st_size != start:  # even the cut failed: never append after a torn frame
+                self._writer.close()
+                self._writer = None
+            raise
+        segment.ends.append(start + _FRAME_OVERHEAD + len(payload))
 
-    def peek(self) -> tuple[int, bytes] | None:
-        """The oldest unsent request and its end offset, or None when empty."""
+    def _drop(self, size: int, why: str) -> bool:
+        self.dropped += 1
+        logger.warning(
+            "steprec: spool %s %s; dropped a request of %d bytes (%d dropped so far)",
+            self.directory,
+            why,
+            size,
+            self.dropped,
+        )
+        return False
+
+    def peek(self, max_bytes: int = 0) -> tuple[int, list[bytes]] | None:
+        """The oldest unsent requests, as many as fit in `max_bytes` (at least one), and the offset
+        `acknowledge` takes once they were delivered; None when the spool is empty."""
         while self._segments:
-            frame = self._segments[0].next_frame()
-            if frame is not None:
-                return frame
+            if self._segments[0].ends:
+                return self._segments[0].oldest(max_bytes)
             self._retire_head()
         return None
 
     def acknowledge(self, end: int) -> None:
-        """The request `peek` returned was delivered; move past it."""
+        """The requests `peek` returned were delivered; move past them."""
         self._segments[0].advance(end)
-        if self._segments[0].next_frame() is None:
+        if not self._segments[0].ends:
             self._retire_head()
 
     def _retire_head(self) -> None:
