@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from steprec.exporter import shutdown_pipelines
+from steprec.exporter._spool import Spool
 from steprec.query import RecorderClient
 from steprec.recorder.process import RecorderProcess
 
@@ -78,19 +80,43 @@ async def test_a_later_process_delivers_what_a_killed_one_spooled(tmp_path: Path
         await _assert_complete_trail(endpoint, "conv-new", calls=1)
 
 
-async def test_a_full_spool_drops_counted_and_loudly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    endpoint = f"127.0.0.1:{_free_port()}"
-    # Each snapshot carries a new 100 KB tool return, so a 1 MiB spool fills after about ten steps.
-    agent = echo_agent(endpoint, calls=40, padding=100_000, spool_dir=tmp_path / "spool", spool_max_bytes=1 << 20)
-    with caplog.at_level(logging.WARNING, logger="steprec.exporter._spool"):
-        await agent.run("go")
-    from steprec.exporter._pipeline import _pipelines
+def test_a_long_spool_drains_in_order_reading_each_request_once(tmp_path: Path) -> None:
+    """Re-reading a segment from its start for every request made draining 4,000 of them take about
+    a minute (quadratic in the spool's length); read once, they take well under a second. Requests
+    come back in order, many at a time, and a drained segment is removed."""
+    spool = Spool(tmp_path, max_bytes=1 << 30)
+    requests = [f"request {i:05}|".encode() * 180 for i in range(4000)]
+    assert all(spool.append(request) for request in requests)
+    started, delivered, peeks = time.monotonic(), [], 0
+    while (head := spool.peek(256 << 10)) is not None:
+        end, batch = head
+        delivered += batch
+        peeks += 1
+        spool.acknowledge(end)
+    assert delivered == requests
+    assert peeks < len(requests) / 50, "up to 256 KiB of requests go in one re-send"
+    assert time.monotonic() - started < 10
+    assert not list(tmp_path.glob("spool-*"))
 
-    (pipeline,) = _pipelines.values()
-    dropped = pipeline.delivery.dropped_requests
-    warnings = [r for r in caplog.records if "is full" in r.getMessage()]
-    assert dropped > 0 and len(warnings) == dropped
-    assert sum(f.stat().st_size for f in (tmp_path / "spool").glob("spool-*.log")) <= 1 << 20
+
+def test_a_failed_spool_write_is_dropped_loudly_and_cut_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk fails a write part-way (here the file-size limit, RLIMIT_FSIZE, a real EFBIG from the
+    kernel). The request is dropped, counted and warned about instead of escaping the delivery thread
+    (where it left every later barrier waiting forever), and the partial frame is cut off, so what
+    was spooled before and after reads back whole."""
+    spool = Spool(tmp_path, max_bytes=1 << 30)
+    assert spool.append(b"a" * 1000)
+    limit, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limit[1]))
+        with caplog.at_level(logging.WARNING, logger="steprec.exporter._spool"):
+            assert not spool.append(b"b" * 10_000)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert spool.dropped == 1 and "cannot take it" in caplog.text
+    assert spool.append(b"c" * 1000)
+    assert spool.peek(1 << 20)[1] == [b"a" * 1000, b"c" * 1000]
 
 
 async def test_interpreter_exit_delivers_what_is_pending(recorder: RecorderProcess, client: RecorderClient) -> None:
