@@ -192,7 +192,10 @@ class OrderedDeliveryProcessor(LogRecordProcessor):
             if outcome.delivered:
                 self._settle(batch, Delivery.ACKNOWLEDGED, outcome.refusals)
                 return
-            logger.warning("steprec: recorder unreachable; spooling records to %s", self._spool.directory)
+            logger.warning(
+                "steprec: the recorder did not take the request (unreachable or refusing); spooling records to %s",
+                self._spool.directory,
+            )
         spooled = self._spool.append(request.SerializeToString())
         self._settle(batch, Delivery.SPOOLED if spooled else Delivery.DROPPED, ())
 
