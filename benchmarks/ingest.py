@@ -1,52 +1,50 @@
 """Recorder ingest: records per second and Export latency, from a load generator in another process.
 
-The recorder runs as its own process (`RecorderProcess`); this process sends
-pre-encoded OTLP requests of 512 small step events each over loopback, from 1
-and from 4 threads, each on its own channel. "Acknowledged" counts records
-whose Export was answered (committed to the write-ahead log); "applied" also
-waits until they are in DuckDB and readable, through a query that cannot be
-answered before then.
+The recorder runs as its own process (`RecorderProcess`, a fresh one per run); this process
+sends pre-encoded OTLP requests of 512 small step events each over loopback, from 1 and from 4
+threads, each on its own channel. "Acknowledged" counts records whose Export was answered
+(committed to the write-ahead log); "applied" also waits until they are in DuckDB and readable,
+through a query that cannot be answered before then.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 from steprec.query import RecorderClient
 from steprec.recorder.process import RecorderProcess
 
+from benchmarks.common import Outcome, Spread, Target, Workspace, percentile, progress, targets_table
 from benchmarks.load import step_events_request
-from benchmarks.overhead import _machine
 
 RECORDS_PER_REQUEST = 512
+SENDERS = (1, 4)
+FULL = {"repeats": 3, "requests": 120}
+QUICK = {"repeats": 2, "requests": 40}
 TARGET_RECORDS_PER_SECOND = 40_000
+EXPORT = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 
 
-def _request(sender: int, number: int) -> bytes:
-    return step_events_request(sender, number, RECORDS_PER_REQUEST).SerializeToString()
-
-
-def _run_once(senders: int, requests_per_sender: int) -> dict[str, float]:
-    payloads = [[_request(s, n) for n in range(requests_per_sender)] for s in range(senders)]
+def _run_once(payloads: list[list[bytes]], folder: Path) -> dict[str, float]:
     latencies: list[float] = []
-    with tempfile.TemporaryDirectory() as folder, RecorderProcess(Path(folder)) as recorder:
+    with tempfile.TemporaryDirectory(dir=folder) as data, RecorderProcess(Path(data)) as recorder:
 
         def send(sender: int) -> None:
             channel = grpc.insecure_channel(recorder.endpoint)
-            export = channel.unary_unary("/opentelemetry.proto.collector.logs.v1.LogsService/Export")
+            export = channel.unary_unary(EXPORT)
             for payload in payloads[sender]:
                 started = time.perf_counter()
                 export(payload, timeout=60)
                 latencies.append(time.perf_counter() - started)
+            channel.close()
 
-        threads = [threading.Thread(target=send, args=(s,)) for s in range(senders)]
+        threads = [threading.Thread(target=send, args=(s,)) for s in range(len(payloads))]
         started = time.perf_counter()
         for thread in threads:
             thread.start()
@@ -60,51 +58,77 @@ def _run_once(senders: int, requests_per_sender: int) -> dict[str, float]:
 
         asyncio.run(read_after_apply())
         applied = time.perf_counter() - started
-    records = senders * requests_per_sender * RECORDS_PER_REQUEST
-    latencies.sort()
+    records = sum(map(len, payloads)) * RECORDS_PER_REQUEST
     return {
         "acknowledged": records / acknowledged,
         "applied": records / applied,
-        "p50": latencies[len(latencies) // 2] * 1000,
-        "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        "p50_ms": percentile(latencies, 0.5) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
     }
 
 
-def main(quick: bool = False) -> str:
-    repeats, requests = (2, 40) if quick else (3, 120)
+def measure(quick: bool, folder: Path) -> dict[str, Any]:
+    config = QUICK if quick else FULL
     rows = []
-    for senders in (1, 4):
+    for senders in SENDERS:
+        payloads = [
+            [step_events_request(s, n, RECORDS_PER_REQUEST).SerializeToString() for n in range(config["requests"])]
+            for s in range(senders)
+        ]
         runs = []
-        for repeat in range(repeats):
-            runs.append(_run_once(senders, requests))
-            print(f"[ingest] {senders} sender(s): repeat {repeat + 1}/{repeats} done", file=sys.stderr, flush=True)
-        rows.append((senders, {key: [run[key] for run in runs] for key in runs[0]}))
+        for repeat in range(config["repeats"]):
+            runs.append(_run_once(payloads, folder))
+            progress("ingest", f"{senders} sender(s): repeat {repeat + 1}/{config['repeats']} done")
+        rows.append({"senders": senders, "runs": runs})
+    return {"records_per_request": RECORDS_PER_REQUEST, "requests_per_sender": config["requests"], "rows": rows}
+
+
+def spreads(row: dict[str, Any]) -> dict[str, Spread]:
+    return {key: Spread.of(run[key] for run in row["runs"]) for key in row["runs"][0]}
+
+
+def table(data: dict[str, Any]) -> str:
+    repeats = len(data["rows"][0]["runs"])
     lines = [
-        "# Recorder ingest" + (" (quick)" if quick else ""),
-        "",
-        f"Machine: {_machine()}",
-        "",
-        f"{RECORDS_PER_REQUEST} small step events per request, {requests} requests per sender; median of {repeats} "
-        "runs (min-max), each on a fresh recorder.",
+        f"{data['records_per_request']} small step events per request, {data['requests_per_sender']} requests per "
+        f"sender; median of {repeats} runs (min-max), each on a fresh recorder.",
         "",
         "| senders | acknowledged records/s | applied records/s | Export p50 ms | Export p99 ms |",
         "|---:|---:|---:|---:|---:|",
     ]
-    for senders, values in rows:
-        cells = [
-            f"{statistics.median(values[key]):,.{0 if key in ('acknowledged', 'applied') else 1}f} "
-            f"({min(values[key]):,.0f}-{max(values[key]):,.0f})"
-            for key in ("acknowledged", "applied", "p50", "p99")
-        ]
-        lines.append(f"| {senders} | " + " | ".join(cells) + " |")
-    best_applied = max(statistics.median(values["applied"]) for _, values in rows)
-    best_acked = max(statistics.median(values["acknowledged"]) for _, values in rows)
-    lines += [
-        "",
-        f"- target: at least {TARGET_RECORDS_PER_SECOND:,} records/s end to end: acknowledged {best_acked:,.0f}/s -> "
-        f"**{'MET' if best_acked >= TARGET_RECORDS_PER_SECOND else 'NOT MET'}**; applied to DuckDB "
-        f"{best_applied:,.0f}/s -> **{'MET' if best_applied >= TARGET_RECORDS_PER_SECOND else 'NOT MET'}**",
+    for row in data["rows"]:
+        found = spreads(row)
+        lines.append(
+            f"| {row['senders']} | {found['acknowledged'].text()} | {found['applied'].text()} "
+            f"| {found['p50_ms'].text(1)} | {found['p99_ms'].text(1)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def targets(data: dict[str, Any]) -> list[Target]:
+    best = {key: max(spreads(row)[key].median for row in data["rows"]) for key in ("acknowledged", "applied")}
+    return [
+        Target(
+            4,
+            f"at least {TARGET_RECORDS_PER_SECOND:,} records/s end to end",
+            f"{best['acknowledged']:,.0f} acknowledged, {best['applied']:,.0f} applied to DuckDB (best median)",
+            best["applied"] >= TARGET_RECORDS_PER_SECOND,
+        )
     ]
-    report = "\n".join(lines) + "\n"
-    print(report, flush=True)
-    return report
+
+
+def main(quick: bool, workspace: Workspace) -> Outcome:
+    data = measure(quick, workspace.folder)
+    found = targets(data)
+    sections = {"ingest": table(data)}
+    markdown = "\n".join(
+        [
+            f"# Recorder ingest{' (quick)' if quick else ''}",
+            "",
+            __doc__.split("\n", 2)[2],
+            table(data),
+            targets_table(found),
+        ]
+    )
+    print(markdown, flush=True)
+    return Outcome(data=data, targets=found, markdown=markdown, sections=sections)

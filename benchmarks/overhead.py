@@ -1,89 +1,124 @@
-"""Agent overhead: what each step-persistence capability adds to the wall time of `agent.run`.
+"""Agent overhead and storage: what each step-persistence capability adds to `agent.run`, and leaves on disk.
 
-One pydantic-ai `FunctionModel` agent calls one tool per step, each returning
-2048 characters of text, for N steps. Variants run interleaved (every repeat
-runs every variant once, in rotating order) so machine drift cancels in the
-paired ratios. Only `await agent.run(...)` is timed; each run gets a fresh
-agent and a fresh store, built beforehand. Separately, one run per store and N
-measures the bytes the store leaves on disk.
+One pydantic-ai `FunctionModel` agent calls one tool per step, each returning 2048 characters
+of text, for N steps (benchmarks/common.py). Variants run interleaved (every repeat runs every
+variant once, in rotating order) so machine drift cancels in the paired ratios. Only
+`await agent.run(...)` is timed; each run gets a fresh agent and a fresh store, built beforehand.
+The recorder of each steprec variant runs in its own process, one per variant and N, warmed up
+by a 5-step run.
+
+Storage: the harness's Sqlite and File stores are measured in each timed run's own folder after
+the run. steprec's is one more run per N with a fresh recorder, stopped cleanly, then its whole
+data folder; that recorder's folder and the harness's SQLite file of the first timed run are
+kept for the reads measurement, which adds its bulk data to them. The distinct message bytes
+are the pydantic-ai JSON of each distinct message of the finished run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import math
-import os
-import platform
-import random
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
-from string import ascii_lowercase
 from typing import Any
 
-from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.usage import RequestUsage, UsageLimits
+from pydantic_ai.messages import ModelMessagesTypeAdapter
 from pydantic_ai_harness.step_persistence import FileStepStore, InMemoryStepStore, SqliteStepStore, StepPersistence
 from steprec.exporter import StepRecorder, shutdown_pipelines
 from steprec.recorder.process import RecorderProcess
+from steprec.recorder.server import DATABASE_NAME
 
-TOOL_RETURN_CHARS = 2048
+from benchmarks.common import (
+    TOOL_RETURN_CHARS,
+    LongRun,
+    Outcome,
+    Spread,
+    Target,
+    Workspace,
+    agent,
+    folder_bytes,
+    payloads,
+    progress,
+    settle,
+    targets_table,
+    timed_run,
+)
+
 WARMUP_STEPS = 5
-SETTLE_SECONDS = 0.2  # between runs, untimed: lets background delivery of the previous run finish
-FULL = {"sizes": [50, 200, 1000], "repeats": 5}
-QUICK = {"sizes": [50, 200], "repeats": 3}
-TARGETS = [  # the issue's targets for steprec against `none`: (label, N, figure, upper limit)
-    ("adds at most 10% to the no-capability time at N=200", 200, "ratio", 1.10),
-    ("adds at most 1 ms per step at N=1000", 1000, "added", 1.0),
-]
-USAGE = RequestUsage(input_tokens=100, output_tokens=10)
+SETTLE_SECONDS = 0.2  # between runs, untimed
+# Per N: how many repeats, and the variants that run fewer times (0: not at all) because one run takes minutes.
+FULL = {
+    50: (5, {}),
+    200: (5, {"harness-sqlite": 3, "harness-file": 3}),
+    1000: (3, {"harness-memory": 1, "harness-sqlite": 1, "harness-file": 0}),
+}
+QUICK = {50: (3, {}), 200: (3, {"harness-memory": 1, "harness-sqlite": 1, "harness-file": 0})}
+STEPREC = "steprec"
+STORAGE_TARGET_N, STORAGE_TARGET_BYTES = 200, 1_500_000
+LINEAR_SLOPE_GROWTH = 1.25
+"""steprec's bytes on disk grow linearly if the bytes each added step costs from the middle N to the largest are at
+most this many times those from the smallest N to the middle one (a store that grows with N^2 shows about 5x)."""
 
-Capabilities = Callable[[Path], list[Any]]
-"""Given a fresh scratch folder for one run, the capabilities of that run's agent."""
+
+async def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Session:
+    """What lives for all runs of one variant at one N."""
+
+    capabilities: Callable[[Path], list[Any]]
+    """Given a fresh scratch folder for one run, the capabilities of that run's agent."""
+    settle: Callable[[], Awaitable[None]] = _nothing
+    """After a run, outside the clock: let the store finish the run's work before the next run is timed."""
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
-    setup: Callable[[Path], AbstractContextManager[Capabilities]]
+    setup: Callable[[Path], AbstractContextManager[Session]]
     """Given a scratch folder for one N, a context that lives for all runs at that N."""
     on_disk: bool = False
-    max_steps: int | None = None
+    """Its store lives in the run's folder: measure the folder after each run."""
     skip_reason: str = ""
 
 
 @contextmanager
-def _no_store(_: Path) -> Iterator[Capabilities]:
-    yield lambda run_dir: []
+def _no_store(_: Path) -> Iterator[Session]:
+    yield Session(lambda run_dir: [])
 
 
-def _harness(make_store: Callable[[Path], Any]) -> Callable[[Path], AbstractContextManager[Capabilities]]:
+def _harness(make_store: Callable[[Path], Any]) -> Callable[[Path], AbstractContextManager[Session]]:
     @contextmanager
-    def setup(_: Path) -> Iterator[Capabilities]:
-        yield lambda run_dir: [StepPersistence(store=make_store(run_dir))]
+    def setup(_: Path) -> Iterator[Session]:
+        yield Session(lambda run_dir: [StepPersistence(store=make_store(run_dir))])
 
     return setup
 
 
-@contextmanager
-def _steprec(folder: Path) -> Iterator[Capabilities]:
-    recorder = RecorderProcess(folder / "recorder-data").start()
-    try:
-        yield lambda run_dir: [StepRecorder(endpoint=recorder.endpoint)]
-    finally:
-        shutdown_pipelines()
-        recorder.stop()
+def _steprec(**options: Any) -> Callable[[Path], AbstractContextManager[Session]]:
+    """A recorder process for all runs at one N; after each run, wait until it applied the run to DuckDB (its
+    applier works behind the acknowledgements and would otherwise share the CPU with the next run)."""
+
+    @contextmanager
+    def setup(folder: Path) -> Iterator[Session]:
+        recorder = RecorderProcess(folder / "recorder-data").start()
+        try:
+            yield Session(
+                lambda run_dir: [StepRecorder(endpoint=recorder.endpoint, spool_dir=folder / "spool", **options)],
+                settle=lambda: settle(recorder.endpoint),
+            )
+        finally:
+            shutdown_pipelines()
+            recorder.stop(timeout=60)
+
+    return setup
 
 
 VARIANTS = [
@@ -94,190 +129,253 @@ VARIANTS = [
         "harness-file",
         _harness(lambda d: FileStepStore(d / "steps")),
         on_disk=True,
-        max_steps=200,
         skip_reason="FileStepStore re-reads every earlier snapshot file of the run on each save (O(N^3) bytes "
-        "parsed per run), too slow to repeat at that size",
+        "parsed per run)",
     ),
-    Variant("steprec", _steprec, on_disk=True),
+    Variant(STEPREC, _steprec()),
+    Variant("steprec-best-effort", _steprec(delivery="best_effort")),
 ]
 
 
-def _payloads(steps: int) -> list[str]:
-    """Distinct, text-like tool returns of exactly TOOL_RETURN_CHARS characters, the same in every run."""
-    out = []
-    for i in range(steps):
-        rng = random.Random(i)
-        words = " ".join("".join(rng.choices(ascii_lowercase, k=rng.randint(2, 9))) for _ in range(500))
-        out.append(f"step {i}: {words}"[:TOOL_RETURN_CHARS])
-    return out
+def _message_bytes(result: Any) -> int:
+    """Bytes of pydantic-ai JSON of the run's distinct messages (what any store has to keep at least once)."""
+    return sum(map(len, {ModelMessagesTypeAdapter.dump_json([m])[1:-1] for m in result.all_messages()}))
 
 
-def _agent(payloads: list[str], capabilities: list[Any]) -> Agent:
-    """Calls `fetch` once per step for len(payloads) steps, then answers.
-
-    Responses carry usage, as a real model's do; without it FunctionModel estimates
-    tokens over the whole history on every request, which would pad the baseline.
-    """
-    calls = iter(range(len(payloads) + 1))
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        step = next(calls)
-        if step < len(payloads):
-            return ModelResponse(parts=[ToolCallPart("fetch", {"step": step})], usage=USAGE)
-        return ModelResponse(parts=[TextPart("done")], usage=USAGE)
-
-    agent = Agent(FunctionModel(model), capabilities=capabilities)
-
-    @agent.tool_plain
-    def fetch(step: int) -> str:
-        return payloads[step]
-
-    return agent
+def _keep(run_dir: Path, database: str, folder: Path) -> Path:
+    """Move a SQLite database (with its WAL) out of a run's folder, for the reads measurement to go on from."""
+    folder.mkdir()
+    for path in run_dir.glob(f"{database}*"):
+        path.rename(folder / path.name)
+    return folder / database
 
 
-async def _timed_run(payloads: list[str], capabilities: list[Any]) -> float:
-    """Seconds spent in `agent.run`; the agent is built and the machine settled before the clock starts."""
-    agent = _agent(payloads, capabilities)
-    gc.collect()
-    await asyncio.sleep(SETTLE_SECONDS)
-    start = time.perf_counter()
-    await agent.run("go", usage_limits=UsageLimits(request_limit=None))
-    return time.perf_counter() - start
+async def _timings(variants: list[Variant], steps: int, plan: tuple[int, dict[str, int]], folder: Path) -> dict:
+    """Per variant, its run times at `steps` steps (round-robin in rotating order) and its bytes after each run."""
+    repeats, fewer = plan
+    tool_returns = payloads(steps)
+    seconds: dict[str, list[float]] = {v.name: [] for v in variants}
+    stored: dict[str, int] = {}
+    facts: dict[str, Any] = {"seconds": seconds, "bytes": stored}
+    with ExitStack() as stack:
+        setups = {v.name: stack.enter_context(v.setup(folder / v.name)) for v in variants}
+        on_disk = {v.name for v in variants if v.on_disk}
 
-
-def _folder_bytes(folder: Path) -> int:
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
-
-
-async def _timings(variants: list[Variant], steps: int, repeats: int) -> dict[str, list[float]]:
-    """Per variant, `repeats` run times at `steps` steps, run round-robin in rotating order."""
-    payloads = _payloads(steps)
-    times: dict[str, list[float]] = {v.name: [] for v in variants}
-    with tempfile.TemporaryDirectory(prefix=f"bench-{steps}-") as tmp, ExitStack() as stack:
-        setups = {v.name: stack.enter_context(v.setup(Path(tmp) / v.name)) for v in variants}
-
-        async def run_once(name: str, payloads: list[str]) -> float:
-            run_dir = Path(tempfile.mkdtemp(dir=tmp))
+        async def run_once(name: str, returns: list[str]) -> tuple[float, Any]:
+            run_dir = Path(tempfile.mkdtemp(dir=folder))
             try:
-                return await _timed_run(payloads, setups[name](run_dir))
+                built = agent(returns, setups[name].capabilities(run_dir))
+                await asyncio.sleep(SETTLE_SECONDS)
+                elapsed, result = await timed_run(built)
+                await setups[name].settle()
+                if name in on_disk and len(returns) == steps and name not in stored:
+                    stored[name] = folder_bytes(run_dir)
+                    if name == "harness-sqlite":
+                        facts["harness_database"] = _keep(run_dir, "steps.sqlite", folder / "kept-harness")
+                        facts["harness_seconds"] = elapsed
+                return elapsed, result
             finally:
                 shutil.rmtree(run_dir)
 
         for name in setups:
-            await run_once(name, payloads[:WARMUP_STEPS])
+            await run_once(name, tool_returns[:WARMUP_STEPS])
         names = list(setups)
         for repeat in range(repeats):
             order = names[repeat % len(names) :] + names[: repeat % len(names)]
-            for name in order:
-                times[name].append(await run_once(name, payloads))
-            medians = ", ".join(f"{name} {statistics.median(runs) * 1000:,.0f} ms" for name, runs in times.items())
-            _progress(f"N={steps}: repeat {repeat + 1}/{repeats} done; medians so far: {medians}")
-    return times
+            for name in (n for n in order if repeat < fewer.get(n, repeats)):
+                elapsed, result = await run_once(name, tool_returns)
+                seconds[name].append(elapsed)
+                if name == "none" and repeat == 0:
+                    facts["message_bytes"] = _message_bytes(result)
+            medians = ", ".join(f"{n} {statistics.median(t) * 1000:,.0f} ms" for n, t in seconds.items() if t)
+            progress("overhead", f"N={steps}: repeat {repeat + 1}/{repeats} done; medians so far: {medians}")
+    return facts
 
 
-async def _stored_bytes(variant: Variant, steps: int) -> int:
-    """Bytes a fresh store holds after one run of `steps` steps, with the store closed."""
-    with tempfile.TemporaryDirectory(prefix=f"bench-store-{steps}-") as tmp:
-        with variant.setup(Path(tmp) / "store") as capabilities:
-            run_dir = Path(tmp) / "run"
-            run_dir.mkdir()
-            await _timed_run(_payloads(steps), capabilities(run_dir))
-        return _folder_bytes(Path(tmp))
+async def _steprec_storage(steps: int, folder: Path) -> tuple[dict[str, int], float]:
+    """A fresh recorder's bytes after one run, the recorder stopped: its whole data folder, and DuckDB plus media."""
+    data = folder / "recorder-data"
+    with RecorderProcess(data) as recorder:
+        built = agent(payloads(steps), [StepRecorder(endpoint=recorder.endpoint, spool_dir=folder / "spool")])
+        elapsed, _ = await timed_run(built)
+        shutdown_pipelines()
+    media = data / "media"
+    database = (data / DATABASE_NAME).stat().st_size + (folder_bytes(media) if media.exists() else 0)
+    return {STEPREC: folder_bytes(data), "steprec-database": database}, elapsed
 
 
-def _progress(message: str) -> None:
-    print(f"[overhead] {message}", file=sys.stderr, flush=True)
+def _skip_text(variant: Variant, steps: int, measured: dict[int, float]) -> str:
+    """Why a variant is not run at `steps`, with a power-law estimate of one run from the two largest N measured."""
+    text = variant.skip_reason or "one run takes too long for this suite"
+    if len(measured) >= 2:
+        (n1, t1), (n2, t2) = sorted(measured.items())[-2:]
+        exponent = math.log(t2 / t1) / math.log(n2 / n1)
+        estimate = t2 * (steps / n2) ** exponent
+        text += f"; its medians ({t1:.1f} s at N={n1}, {t2:.1f} s at N={n2}) put one run at ~{estimate / 60:.0f} min"
+    return text
 
 
-def _machine() -> str:
-    packages = ", ".join(
-        f"{name} {version(name)}" for name in ("pydantic-ai-slim", "pydantic-ai-harness", "duckdb", "grpcio")
-    )
-    uname = subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout.strip()
-    return f"`{uname}`; {os.cpu_count()} CPUs; Python {platform.python_version()}; {packages}"
+async def _measure(quick: bool, workspace: Workspace) -> dict[str, Any]:
+    plans = QUICK if quick else FULL
+    sizes = []
+    medians: dict[str, dict[int, float]] = {v.name: {} for v in VARIANTS}
+    for steps, (repeats, fewer) in plans.items():
+        folder = workspace.folder / f"overhead-{steps}"
+        run = [v for v in VARIANTS if fewer.get(v.name, repeats) > 0]
+        skipped = {v.name: _skip_text(v, steps, medians[v.name]) for v in VARIANTS if v not in run}
+        progress("overhead", f"N={steps}: one {STEPREC} run with a fresh recorder for its size on disk")
+        steprec_bytes, steprec_seconds = await _steprec_storage(steps, folder / "storage")
+        facts = await _timings(run, steps, (repeats, fewer), folder)
+        for name, times in facts["seconds"].items():
+            medians[name][steps] = statistics.median(times)
+        if "harness_database" in facts:
+            workspace.long_runs[steps] = LongRun(
+                steps, facts["harness_database"], facts["harness_seconds"], folder / "storage" / "recorder-data",
+                steprec_seconds,
+            )  # fmt: skip
+        sizes.append(
+            {
+                "steps": steps,
+                "seconds": facts["seconds"],
+                "skipped": skipped,
+                "bytes": facts["bytes"] | steprec_bytes,
+                "message_bytes": facts["message_bytes"],
+            }
+        )
+    return {"tool_return_chars": TOOL_RETURN_CHARS, "sizes": sizes}
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:,.0f}"
+# -- figures and tables ----------------------------------------------------------------------------
 
 
-def _extrapolated(name: str, steps: int, timings: dict[int, dict[str, list[float]]]) -> str:
-    """'; one run would take about X' from a power law through the two largest N measured for `name`."""
-    measured = [(n, statistics.median(t[name])) for n, t in timings.items() if name in t]
-    if len(measured) < 2:
-        return ""
-    (n1, t1), (n2, t2) = measured[-2:]
-    exponent = math.log(t2 / t1) / math.log(n2 / n1)
-    estimate = t2 * (steps / n2) ** exponent
-    return f"; its medians ({t1:.1f} s at N={n1}, {t2:.1f} s at N={n2}) put one run at ~{estimate / 60:.0f} min"
+def figures(size: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per variant at one N: total seconds, and added ms/step and ratio against `none` paired by repeat."""
+    steps, base = size["steps"], size["seconds"]["none"]
+    out = {}
+    for name, runs in size["seconds"].items():
+        pairs = list(zip(runs, base, strict=False))
+        out[name] = {
+            "total": Spread.of(runs),
+            "added": Spread.of((t - b) * 1000 / steps for t, b in pairs),
+            "ratio": Spread.of(t / b for t, b in pairs),
+        }
+    return out
 
 
-def _report(
-    quick: bool, repeats: int, timings: dict[int, dict[str, list[float]]], storage: dict[int, dict[str, int]]
-) -> str:
+def overhead_table(data: dict[str, Any]) -> str:
     lines = [
-        f"# Agent overhead{' (quick)' if quick else ''}",
-        "",
-        f"Machine: {_machine()}",
-        "",
-        f"One tool call per step, {TOOL_RETURN_CHARS}-char tool returns, FunctionModel. Median of {repeats} "
-        "interleaved repeats (min-max). Added ms/step and ratio are medians of the per-repeat differences "
-        "and ratios against `none` in the same repeat.",
-        "",
-        "| variant | N | total ms, median (min-max) | added ms/step vs none | ratio to none |",
-        "|---|---:|---:|---:|---:|",
+        "| variant | N | runs | total ms, median (min-max) | added ms/step vs none, median (min-max) | ratio to none |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    summary: dict[tuple[str, int], dict[str, float]] = {}
-    for steps, times in timings.items():
-        base = times["none"]
-        for name, runs in times.items():
-            added = statistics.median((t - b) * 1000 / steps for t, b in zip(runs, base, strict=True))
-            ratio = statistics.median(t / b for t, b in zip(runs, base, strict=True))
-            summary[(name, steps)] = {"added": added, "ratio": ratio}
+    notes = []
+    for size in data["sizes"]:
+        for name, found in figures(size).items():
             lines.append(
-                f"| {name} | {steps} | {_ms(statistics.median(runs))} ({_ms(min(runs))}-{_ms(max(runs))}) "
-                f"| {added:+.2f} | {ratio:.2f}x |"
+                f"| {name} | {size['steps']} | {found['total'].count} | {found['total'].text(0, 1000)} "
+                f"| {found['added'].text(2, signed=True)} | {found['ratio'].text(2, unit='x')} |"
             )
-    for variant in VARIANTS:
-        for skipped in (n for n in timings if variant.max_steps is not None and n > variant.max_steps):
-            lines += ["", f"`{variant.name}` skipped at N={skipped} (timing and storage): {variant.skip_reason}"
-                      f"{_extrapolated(variant.name, skipped, timings)}."]  # fmt: skip
-    lines += [
-        "",
-        "Bytes on disk after one run with a fresh store, the store closed (steprec: the recorder's data folder "
-        "after `RecorderProcess.stop()`; harness-file: its directory):",
-        "",
-        "| store | N | bytes | bytes/step |",
-        "|---|---:|---:|---:|",
+        notes += [f"- `{name}` not run at N={size['steps']}: {why}." for name, why in size["skipped"].items()]
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def storage_table(data: dict[str, Any]) -> str:
+    stores = ["harness-sqlite", "harness-file", STEPREC, "steprec-database"]
+    labels = {
+        "harness-sqlite": "harness SqliteStepStore (file, WAL included)",
+        "harness-file": "harness FileStepStore (its folder)",
+        STEPREC: "steprec recorder, whole data folder (DuckDB, write-ahead log, media, log file)",
+        "steprec-database": "... of which the DuckDB file plus media",
+        "messages": "distinct message bytes (pydantic-ai JSON)",
+    }
+    sizes = data["sizes"]
+    lines = [
+        "| store | " + " | ".join(f"N={s['steps']}" for s in sizes) + " | bytes/step at the largest N |",
+        "|---|" + "---:|" * (len(sizes) + 1),
     ]
-    for steps, sizes in storage.items():
-        lines += [f"| {name} | {steps} | {size:,} | {size / steps:,.0f} |" for name, size in sizes.items()]
-    lines += ["", "Targets (steprec vs none):", ""]
-    for label, steps, figure, limit in TARGETS:
-        if ("steprec", steps) not in summary:
-            lines.append(f"- {label}: not measured (N={steps} not run)")
-            continue
-        value = summary[("steprec", steps)][figure]
-        shown = {"ratio": f"{value:.2f}x (limit {limit:.2f}x)", "added": f"{value:.2f} ms/step (limit {limit:g})"}
-        lines.append(f"- {label}: {shown[figure]} -> **{'MET' if value <= limit else 'NOT MET'}**")
+    for store in [*stores, "messages"]:
+        values = [s["message_bytes"] if store == "messages" else s["bytes"].get(store) for s in sizes]
+        cells = [f"{v:,}" if v is not None else "not run" for v in values]
+        last = next(((v, s["steps"]) for v, s in zip(values[::-1], sizes[::-1], strict=True) if v is not None), None)
+        per_step = f"{last[0] / last[1]:,.0f} (N={last[1]})" if last else ""
+        lines.append(f"| {labels[store]} | " + " | ".join(cells) + f" | {per_step} |")
     return "\n".join(lines) + "\n"
 
 
-async def _measure(quick: bool) -> str:
-    config = QUICK if quick else FULL
-    timings: dict[int, dict[str, list[float]]] = {}
-    storage: dict[int, dict[str, int]] = {}
-    for steps in config["sizes"]:
-        variants = [v for v in VARIANTS if v.max_steps is None or steps <= v.max_steps]
-        for variant in (v for v in variants if v.on_disk):
-            _progress(f"N={steps}: one run of {variant.name} for its size on disk")
-            storage.setdefault(steps, {})[variant.name] = await _stored_bytes(variant, steps)
-        timings[steps] = await _timings(variants, steps, config["repeats"])
-    return _report(quick, config["repeats"], timings, storage)
+def _slopes(data: dict[str, Any], store: str) -> list[tuple[int, int, float]]:
+    """Bytes per added step between consecutive N: (from N, to N, bytes/step), for the N the store has bytes at."""
+    points = [
+        (s["steps"], s["message_bytes"] if store == "messages" else s["bytes"][store])
+        for s in data["sizes"]
+        if store == "messages" or store in s["bytes"]
+    ]
+    return [(n1, n2, (b2 - b1) / (n2 - n1)) for (n1, b1), (n2, b2) in zip(points, points[1:], strict=False)]
 
 
-def main(quick: bool = False) -> str:
-    """Run the measurement, print its table and return it (markdown)."""
-    report = asyncio.run(_measure(quick))
-    print(report, end="", flush=True)
-    return report
+def _slope_text(slopes: list[tuple[int, int, float]]) -> str:
+    return ", ".join(f"{slope:,.0f} (N={n1}->{n2})" for n1, n2, slope in slopes)
+
+
+def targets(data: dict[str, Any]) -> list[Target]:
+    by_n = {size["steps"]: size for size in data["sizes"]}
+    timed = {steps: figures(size).get(STEPREC) for steps, size in by_n.items()}
+    at_200, at_1000 = timed.get(200), timed.get(1000)
+    stored = by_n.get(STORAGE_TARGET_N, {}).get("bytes", {})
+    labels = ((STEPREC, "steprec"), ("harness-sqlite", "harness Sqlite"), ("messages", "distinct messages"))
+    slopes = {store: _slopes(data, store) for store, _ in labels}
+    steprec = [slope for _, _, slope in slopes[STEPREC]]
+    linear = steprec[-1] <= LINEAR_SLOPE_GROWTH * steprec[0] if len(steprec) >= 2 else None  # needs three N
+    return [
+        Target(
+            3,
+            "steprec (durable default) adds at most 10% to the no-capability time at N=200",
+            f"{at_200['ratio'].text(2, unit='x')} over {at_200['ratio'].count} paired repeats" if at_200 else "not run",
+            at_200["ratio"].median <= 1.10 if at_200 else None,
+        ),
+        Target(
+            3,
+            "steprec (durable default) adds at most 1 ms per step at N=1000",
+            f"{at_1000['added'].text(2, unit=' ms/step', signed=True)} over {at_1000['added'].count} paired repeats"
+            if at_1000
+            else "N=1000 not run (`--quick`)",
+            at_1000["added"].median <= 1.0 if at_1000 else None,
+        ),
+        Target(
+            4,
+            f"after a {STORAGE_TARGET_N}-step run with 2 KB tool returns, the DuckDB file plus media at most 1.5 MB",
+            f"{stored['steprec-database']:,} bytes ({stored[STEPREC]:,} for the whole data folder)" if stored else "",
+            stored["steprec-database"] <= STORAGE_TARGET_BYTES if stored else None,
+        ),
+        Target(
+            7,
+            "steprec's bytes on disk grow linearly with N (the bytes an added step costs do not grow with N)",
+            "bytes per added step: " + "; ".join(f"{label} {_slope_text(slopes[store])}" for store, label in labels),
+            linear,
+        ),
+    ]
+
+
+def main(quick: bool, workspace: Workspace) -> Outcome:
+    data = asyncio.run(_measure(quick, workspace))
+    found = targets(data)
+    sections = {"overhead": overhead_table(data), "storage": storage_table(data)}
+    markdown = "\n".join(
+        [
+            f"# Agent overhead and storage{' (quick)' if quick else ''}",
+            "",
+            __doc__.split("\n", 2)[2],
+            "## Time",
+            "",
+            "Added ms/step and ratio are medians over the repeats of the differences and ratios against `none` in "
+            "the same repeat.",
+            "",
+            sections["overhead"],
+            "## Bytes on disk after one run",
+            "",
+            sections["storage"],
+            "## Targets",
+            "",
+            targets_table(found),
+        ]
+    )
+    print(markdown, flush=True)
+    return Outcome(data=data, targets=found, markdown=markdown, sections=sections)
