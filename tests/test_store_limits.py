@@ -107,3 +107,18 @@ def test_a_logged_request_duckdb_refuses_is_set_aside_and_the_recorder_goes_on(t
     finally:
         store.close()
     assert DuckDBStore(tmp_path / "steprec.duckdb").metrics.entries_set_aside == 0  # applied past it for good
+
+
+def test_no_transaction_stays_open_so_duckdb_can_checkpoint_and_free_old_versions(tmp_path: Path) -> None:
+    # A result left open on the connection pinned a read transaction from start-up on: DuckDB then
+    # never checkpointed (its WAL grew without end) and kept every old row version (memory grew
+    # steadily in the soak). An explicit CHECKPOINT fails while any other transaction is open.
+    store = DuckDBStore(tmp_path / "steprec.duckdb")
+    try:
+        store.ingest([_event("run_started", "0:0:run_started:", registration="reg")])
+        store.list_events("run-1")  # applied, and read
+        store.get_run("run-1")
+        with store.cursor() as cursor:
+            cursor.execute("CHECKPOINT")
+    finally:
+        store.close()
