@@ -1,0 +1,1010 @@
+"""Load and slowness (issue 6): a slow recorder behind a delaying proxy, and a soak of several processes.
+
+Everything is a real OS process on 127.0.0.1: the recorder (`RecorderProcess`),
+each pydantic-ai agent (this module run as `python -m reliability.load agent`,
+driven phase by phase over its stdin and stdout), and the load generator
+(`python -m reliability.load loadgen`). Only the delaying proxy lives in the
+calling process, on its own thread, so a scenario can change the delay between
+phases while the agent's connection stays open.
+
+- `slow_recorder`: one agent records through `DelayingProxy` while the delay
+  steps through values below and above the exporter's `timeout_seconds`. Each
+  phase reports the wall time of every step; the bound is what
+  `OrderedDeliveryProcessor` promises (see `step_bound`). The agent's peak RSS
+  is read at several sizes of a spooling phase, and at the end every record must
+  be stored exactly once.
+- `soak`: several agent processes and a load generator against one recorder for
+  a fixed time; records/s, Export latency, recorder RSS over time, sent = stored.
+
+`main(quick)` runs both and returns the markdown section of the reliability report.
+
+The agent processes import this module too, so it imports only the standard
+library at the top: the recorder's and the query client's packages (DuckDB,
+pyarrow) are imported where they are used, keeping the agent's RSS its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BARRIERS_PER_STEP = 2
+"""Acknowledgement waits in each timed interval of a run (`_AgentChild.timed_run`). A tool step waits
+for `tool_call_started` (before the tool runs) and for its snapshot (after the tool cycle); the run's
+start waits for registration; its end for the final snapshot and `run_completed` (docs/delivery.md)."""
+
+MARGIN_SECONDS = 2.0
+"""Scheduling slack added to every latency bound: the test machine has two shared cores."""
+
+EXPORT_METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
+
+
+def step_bound(timeout_seconds: float) -> float:
+    """The longest one timed interval may take when the recorder is slow, by `OrderedDeliveryProcessor`'s design.
+
+    A barrier waits for the request carrying its records: at most `timeout_seconds`
+    before the request fails and goes to the spool. If the delivery thread was busy
+    with a spool re-send attempt when the barrier came, that attempt can take another
+    `timeout_seconds` first. Hence two timeouts per barrier.
+    """
+    return BARRIERS_PER_STEP * 2 * timeout_seconds + MARGIN_SECONDS
+
+
+def default_timeout_seconds() -> float:
+    """`StepRecorder.timeout_seconds` as shipped: read from the dataclass, so the report follows the code."""
+    from steprec.exporter import StepRecorder
+
+    (timeout,) = (f.default for f in fields(StepRecorder) if f.name == "timeout_seconds")
+    return float(timeout)
+
+
+# -- the delaying proxy -------------------------------------------------------------------------
+
+
+class DelayingProxy:
+    """A TCP proxy to the recorder that holds back every chunk the recorder sends by `delay` seconds.
+
+    The answer path is delayed, not the request path: the recorder commits each
+    request at once and its acknowledgement arrives `delay` later, which is the
+    case that matters most. When `delay` exceeds the exporter's timeout the
+    exporter gives up on a request the recorder did store, spools it and sends
+    it again, so replay suppression is exercised on every such request. HTTP/2
+    flow-control and ping frames are delayed too, like on a slow link.
+
+    Each chunk is released `delay` after it arrived, in arrival order (added
+    latency, not a bandwidth cap). `delay` may change at any time; it applies to
+    chunks that arrive afterwards. The proxy runs an event loop on its own thread.
+    """
+
+    def __init__(self, upstream: str, delay: float = 0.0) -> None:
+        host, _, port = upstream.rpartition(":")
+        self._upstream = (host, int(port))
+        self.delay = delay
+        self.endpoint = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="delaying-proxy", daemon=True)
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    def start(self) -> DelayingProxy:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._accept, "127.0.0.1", 0), self._loop
+        ).result(timeout=10)
+        self.endpoint = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    def stop(self) -> None:
+        async def close() -> None:
+            assert self._server is not None
+            self._server.close()
+            for task in list(self._connections):
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __enter__(self) -> DelayingProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self._upstream)
+        except OSError:
+            client_writer.close()
+            self._connections.discard(task)
+            return
+        try:
+            await asyncio.gather(
+                self._pipe(client_reader, upstream_writer, lambda: 0.0),
+                self._pipe(upstream_reader, client_writer, lambda: self.delay),
+            )
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            for writer in (client_writer, upstream_writer):
+                writer.close()
+            self._connections.discard(task)
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay) -> None:
+        """Copy `reader` to `writer`, each chunk released `delay()` seconds after it arrived."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+
+        async def release() -> None:
+            while (item := await queue.get()) is not None:
+                due, chunk = item
+                await asyncio.sleep(max(due - loop.time(), 0))
+                writer.write(chunk)
+                await writer.drain()
+            writer.close()
+
+        releaser = asyncio.create_task(release())
+        try:
+            while chunk := await reader.read(1 << 16):
+                queue.put_nowait((loop.time() + delay(), chunk))
+        except ConnectionError:
+            pass
+        finally:
+            queue.put_nowait(None)
+            with contextlib.suppress(ConnectionError):
+                await releaser
+
+
+# -- memory of a process ------------------------------------------------------------------------
+
+
+def status_kib(pid: int, key: str) -> int:
+    """A `kB` line of /proc/<pid>/status: `VmRSS` (now) or `VmHWM` (peak since the process started)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(f"{key} not in /proc/{pid}/status")
+
+
+class RssSampler:
+    """Samples a process's VmRSS once per `interval` on a thread: `(seconds since start, KiB)` pairs."""
+
+    def __init__(self, pid: int, interval: float = 1.0) -> None:
+        self._pid = pid
+        self._interval = interval
+        self._stop = threading.Event()
+        self.samples: list[tuple[float, int]] = []
+        self._thread = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        started = time.monotonic()
+        while True:
+            with contextlib.suppress(OSError, KeyError):
+                self.samples.append((time.monotonic() - started, status_kib(self._pid, "VmRSS")))
+            if self._stop.wait(self._interval):
+                return
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# -- agent processes ----------------------------------------------------------------------------
+
+
+COUNTED_VIEWS = ("runs", "events", "snapshots", "effect_records")
+"""The views `stored_by_agent` counts, named as in `reliability.faults.expected_records`."""
+
+
+def records_per_run(steps: int) -> dict[str, int]:
+    """Rows one `echo_agent` run of `steps` tool calls adds to each of `COUNTED_VIEWS`.
+
+    The fault matrix's `expected_records` (by view and kind) summed over kinds,
+    so both scenario modules hold the same one statement of what a run records.
+    """
+    from reliability.faults import expected_records
+
+    per_view = dict.fromkeys(COUNTED_VIEWS, 0)
+    for (view, _), rows in expected_records(steps).items():
+        if view in per_view:
+            per_view[view] += rows
+    return per_view
+
+
+@dataclass
+class PhaseReport:
+    """What an agent process did in one phase: wall seconds of each timed interval, runs, failures."""
+
+    intervals: list[float]
+    runs: int
+    steps: int
+    errors: list[str]
+    seconds: float
+
+
+class AgentProcess:
+    """An `echo_agent` with a StepRecorder in its own OS process, told what to run one phase at a time.
+
+    One process lives through all phases, so its pipeline, spool and connection
+    carry over from phase to phase as they would in a long-lived agent, and its
+    VmHWM covers the whole run. Its stderr (the exporter's warnings, one per
+    spooled request) goes to `<agent_name>.log` beside the spool folder.
+    """
+
+    def __init__(self, endpoint: str, agent_name: str, spool_dir: Path, **recorder_options: Any) -> None:
+        config = {"endpoint": endpoint, "agent_name": agent_name, **recorder_options}
+        env = {**os.environ, "STEPREC_SPOOL_DIR": str(spool_dir)}
+        command = [sys.executable, "-m", "reliability.load", "agent", json.dumps(config)]
+        self.agent_name = agent_name
+        self.log_path = spool_dir.parent / f"{agent_name}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+            )
+
+    def start_phase(
+        self, steps: int, *, runs: int = 0, seconds: float = 0.0, tool_delay: float = 0.0, padding: int = 0
+    ) -> None:
+        """Begin `runs` runs of `steps` tool calls each (or as many as fit in `seconds`); does not wait.
+
+        `tool_delay` and `padding` are `echo_agent`'s: seconds of pretend work, characters added to each return.
+        """
+        assert self.process.stdin is not None
+        command = {"steps": steps, "runs": runs, "seconds": seconds, "tool_delay": tool_delay, "padding": padding}
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+
+    def finish_phase(self) -> PhaseReport:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            code, log = self.process.wait(), self.log_path.read_text()[-2000:]
+            raise RuntimeError(f"agent process {self.agent_name} exited with {code}:\n{log}")
+        return PhaseReport(**json.loads(line))
+
+    def phase(self, steps: int, **options: Any) -> PhaseReport:
+        self.start_phase(steps, **options)
+        return self.finish_phase()
+
+    def peak_rss_kib(self) -> int:
+        return status_kib(self.process.pid, "VmHWM")
+
+    def end_input(self) -> None:
+        """No more phases: the process exits the ordinary way, its exit flush delivering or spooling the rest."""
+        assert self.process.stdin is not None
+        if not self.process.stdin.closed:
+            self.process.stdin.close()
+
+    def close(self, timeout: float = 60.0) -> int:
+        """`end_input`, then wait for the exit; the exit code."""
+        self.end_input()
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+class _AgentChild:
+    """The agent process's side of `AgentProcess`: one JSON command per stdin line, one report per stdout line."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self._agents: dict[tuple[int, float, int], Any] = {}
+
+    def agent(self, steps: int, tool_delay: float, padding: int):
+        from tests.agents import echo_agent
+
+        key = (steps, tool_delay, padding)
+        if key not in self._agents:
+            self._agents[key] = echo_agent(calls=steps, delay=tool_delay, padding=padding, **self.config)
+        return self._agents[key]
+
+    @staticmethod
+    async def timed_run(agent) -> list[float]:
+        """Run once; wall seconds from start to the first model request, between model requests, then to the end.
+
+        Each interval holds at most `BARRIERS_PER_STEP` acknowledgement waits.
+        """
+        from pydantic_ai import ModelRequestNode
+
+        intervals, last = [], time.perf_counter()
+        async with agent.iter("go") as run:
+            async for node in run:
+                if isinstance(node, ModelRequestNode):
+                    now = time.perf_counter()
+                    intervals.append(now - last)
+                    last = now
+        intervals.append(time.perf_counter() - last)
+        return intervals
+
+    async def phase(self, steps: int, runs: int, seconds: float, tool_delay: float, padding: int) -> PhaseReport:
+        agent = self.agent(steps, tool_delay, padding)
+        started = time.perf_counter()
+        deadline = started + seconds
+        report = PhaseReport(intervals=[], runs=0, steps=0, errors=[], seconds=0.0)
+        while (runs and report.runs < runs) or (seconds and time.perf_counter() < deadline):
+            try:
+                report.intervals += await self.timed_run(agent)
+            except Exception as error:  # reported, and the test fails on it
+                report.errors.append(f"{type(error).__name__}: {error}")
+            report.runs += 1
+            report.steps += steps
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def serve(self) -> None:
+        from steprec.exporter import shutdown_pipelines
+
+        for line in sys.stdin:
+            report = asyncio.run(self.phase(**json.loads(line)))
+            print(json.dumps(report.__dict__), flush=True)
+        shutdown_pipelines()
+
+
+# -- the load generator -------------------------------------------------------------------------
+
+
+@dataclass
+class LoadReport:
+    """What the load generator sent: every request's Export latency, and how far it fell behind its rate."""
+
+    requests: int
+    records: int
+    seconds: float
+    latencies: list[float]
+    failures: list[str]
+    late_requests: int
+
+
+def generate_load(
+    endpoint: str, rate: float, records_per_request: int, requests_per_run: int, seconds: float
+) -> LoadReport:
+    """Send `benchmarks.load` step-event requests at `rate` records/s for `seconds`, one at a time.
+
+    Requests go out on a fixed schedule; a request that is due while the previous
+    one is still waiting for its answer goes out as soon as that is answered and
+    counts as late, without a catch-up burst, so the rate stays steady. Every
+    `requests_per_run` requests the events move to a new run (`load-0`, `load-1`,
+    ...), as many agents' runs would: one endless run would measure how the
+    recorder holds a single run's replay keys, not whether it holds steady.
+    """
+    import grpc
+
+    from benchmarks.load import step_events_request
+
+    interval = records_per_request / rate
+    channel = grpc.insecure_channel(endpoint)
+    export = channel.unary_unary(EXPORT_METHOD)
+    report = LoadReport(0, 0, 0.0, [], [], 0)
+    started = due = time.perf_counter()
+    while due < started + seconds:
+        if (wait := due - time.perf_counter()) > 0:
+            time.sleep(wait)
+        elif wait < -interval:
+            report.late_requests += 1
+            due = time.perf_counter()
+        run = report.requests // requests_per_run
+        payload = step_events_request(run, report.requests, records_per_request).SerializeToString()
+        sent = time.perf_counter()
+        try:
+            export(payload, timeout=30)
+        except grpc.RpcError as error:
+            report.failures.append(f"request {report.requests}: {error.code().name}")
+        report.latencies.append(time.perf_counter() - sent)
+        report.requests += 1
+        report.records += records_per_request
+        due += interval
+    report.seconds = time.perf_counter() - started
+    channel.close()
+    return report
+
+
+def _spawn_load(**arguments: Any) -> subprocess.Popen[str]:
+    """`generate_load(**arguments)` in its own process; its `LoadReport` comes back as one JSON line."""
+    command = [sys.executable, "-m", "reliability.load", "loadgen", json.dumps(arguments)]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+
+
+# -- counting what the recorder stored ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Rows the recorder holds for one source, and how many of them are distinct records (by key)."""
+
+    counts: dict[str, int]
+    distinct: dict[str, int]
+
+    @property
+    def duplicates(self) -> int:
+        return sum(self.counts.values()) - sum(self.distinct.values())
+
+
+def _sql(endpoint: str, query: str) -> dict[str, int]:
+    from steprec.query import RecorderClient
+
+    async def read() -> dict[str, int]:
+        async with RecorderClient(endpoint, timeout_seconds=120) as client:
+            return (await client.sql(query, timeout_seconds=120)).to_pylist()[0]
+
+    return asyncio.run(read())
+
+
+def stored_by_agent(endpoint: str, agent_name: str) -> Stored:
+    """Runs, events, snapshots and tool-effect records of `agent_name`, each also counted by record key."""
+    runs = f"(SELECT run_id FROM runs WHERE agent_name = '{agent_name}')"
+    row = _sql(
+        endpoint,
+        f"""SELECT
+            (SELECT count(*) FROM runs WHERE agent_name = '{agent_name}') AS runs,
+            (SELECT count(DISTINCT run_id) FROM runs WHERE agent_name = '{agent_name}') AS runs_distinct,
+            (SELECT count(*) FROM events WHERE run_id IN {runs}) AS events,
+            (SELECT count(DISTINCT (run_id, idempotency_key)) FROM events WHERE run_id IN {runs}) AS events_distinct,
+            (SELECT count(*) FROM snapshots WHERE run_id IN {runs}) AS snapshots,
+            (SELECT count(DISTINCT (run_id, snapshot_index)) FROM snapshots WHERE run_id IN {runs})
+                AS snapshots_distinct,
+            (SELECT count(*) FROM tool_effect_records WHERE run_id IN {runs}) AS effect_records,
+            (SELECT count(DISTINCT (run_id, tool_call_id, status)) FROM tool_effect_records WHERE run_id IN {runs})
+                AS effect_records_distinct""",
+    )
+    return Stored({k: row[k] for k in COUNTED_VIEWS}, {k: row[f"{k}_distinct"] for k in COUNTED_VIEWS})
+
+
+def stored_load(endpoint: str) -> Stored:
+    """The load generator's events (runs `load-<n>`), also counted by record key."""
+    row = _sql(
+        endpoint,
+        "SELECT count(*) AS n, count(DISTINCT (run_id, idempotency_key)) AS d FROM events WHERE run_id LIKE 'load-%'",
+    )
+    return Stored({"events": row["n"]}, {"events": row["d"]})
+
+
+# -- figures ------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
+
+
+@dataclass(frozen=True)
+class Latency:
+    p50: float
+    p99: float
+    max: float
+    count: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Latency:
+        return cls(percentile(values, 0.5), percentile(values, 0.99), max(values, default=0.0), len(values))
+
+
+def _scale(counts: dict[str, int], runs: int) -> dict[str, int]:
+    return {kind: n * runs for kind, n in counts.items()}
+
+
+def _add(*counts: dict[str, int]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for each in counts:
+        for kind, n in each.items():
+            total[kind] = total.get(kind, 0) + n
+    return total
+
+
+# -- scenario 1: a slow recorder ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlowPhase:
+    """One phase of `slow_recorder`: the proxy's delay, and the wall time of every timed interval."""
+
+    name: str
+    delay: float
+    runs: int
+    steps: int
+    seconds: float
+    latency: Latency
+    baseline_p50: float
+    bound: float
+    errors: tuple[str, ...]
+
+    @property
+    def added_p50(self) -> float:
+        return self.latency.p50 - self.baseline_p50
+
+    @property
+    def within_bound(self) -> bool:
+        return self.latency.max <= self.bound
+
+
+@dataclass(frozen=True)
+class SlowRecorderResult:
+    timeout_seconds: float
+    phases: tuple[SlowPhase, ...]
+    memory: tuple[MemoryPoint, ...]
+    """After each leg of the spooling phase."""
+    expected: dict[str, int]
+    stored: Stored
+    spool_left_bytes: int
+    exit_code: int
+    exit_seconds: float
+    spooled_after_recovery: Backlog
+    """Still in the spool when `recovering` ended: nothing when the spool drained while the agent ran."""
+
+    @property
+    def spooled_before_recovery(self) -> Backlog:
+        return self.memory[-1].spooled
+
+    def phase(self, name: str) -> SlowPhase:
+        (found,) = (p for p in self.phases if p.name == name)
+        return found
+
+    @property
+    def lost(self) -> int:
+        return sum(self.expected.values()) - sum(self.stored.distinct.values())
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What waits in an agent's spool folder, read from outside the process."""
+
+    requests: int
+    bytes: int
+
+
+def spool_backlog(spool: Path) -> Backlog:
+    """Frames past each segment's `.pos` mark (docs/delivery.md), and their bytes."""
+    from steprec.proto.framing import read_frames
+
+    requests = size = 0
+    for segment in spool.glob("spool-*.log"):
+        mark = segment.with_suffix(".pos")
+        position = int(mark.read_text() or 0) if mark.exists() else 0
+        ends = [end for _, end, _ in read_frames(segment) if end > position]
+        requests += len(ends)
+        size += ends[-1] - position if ends else 0
+    return Backlog(requests, size)
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    """The agent's peak RSS and its spool's backlog after `steps` steps of the spooling phase."""
+
+    steps: int
+    peak_rss_kib: int
+    spooled: Backlog
+
+
+def drain_backoff_cap() -> float:
+    """The longest pause between two re-send attempts of the spool (`_delivery._DRAIN_BACKOFF`)."""
+    from steprec.exporter._delivery import _DRAIN_BACKOFF
+
+    return _DRAIN_BACKOFF[1]
+
+
+def slow_recorder(
+    folder: Path,
+    *,
+    timeout_seconds: float,
+    delays: tuple[float, ...] = (0.05, 0.5),
+    runs: int = 2,
+    steps: int = 5,
+    memory_steps: tuple[int, ...] = (200, 800),
+    spool_padding: int = 0,
+    recovery_delay: float = 0.05,
+) -> SlowRecorderResult:
+    """One agent process records through a `DelayingProxy`; the delay changes phase by phase.
+
+    Phases: `baseline` (no delay), one per entry of `delays`; `spooling` (delay
+    1.5 x `timeout_seconds`, so every request times out and is spooled) until
+    `memory_steps[-1]` steps, the agent's VmHWM and spool backlog read at each of
+    `memory_steps` (runs of 10 steps, so a growing history does not pass for a
+    leak; `spool_padding` characters on each tool return, so the spool outgrows
+    any allowance for noise in RSS); then `recovering`
+    (`recovery_delay`, below the timeout) for longer than the spool's longest
+    re-send pause, so the spool drains while the agent keeps running. Then the
+    delay drops to zero and the agent process exits normally; its exit flush
+    delivers what is left. Every record it sent must then be stored exactly once.
+    """
+    from steprec.recorder.process import RecorderProcess
+
+    name = "slow-recorder"
+    spool = folder / "spool"
+    phases: list[SlowPhase] = []
+    expected: dict[str, int] = {}
+    with RecorderProcess(folder / "recorder") as recorder, DelayingProxy(recorder.endpoint) as proxy:
+        agent = AgentProcess(proxy.endpoint, name, spool, timeout_seconds=timeout_seconds)
+        try:
+
+            def phase(label: str, delay: float, steps: int, legs: list[dict[str, Any]]) -> list[MemoryPoint]:
+                """Run `legs` (`AgentProcess.phase` options each) at `delay`; memory after each leg."""
+                nonlocal expected
+                proxy.delay = delay
+                reports, points = [], []
+                for leg in legs:
+                    reports.append(agent.phase(steps, **leg))
+                    done = sum(r.steps for r in reports)
+                    points.append(MemoryPoint(done, agent.peak_rss_kib(), spool_backlog(spool)))
+                done = sum(r.runs for r in reports)
+                expected = _add(expected, _scale(records_per_run(steps), done))
+                latency = Latency.of([i for r in reports for i in r.intervals])
+                baseline = phases[0].latency.p50 if phases else latency.p50
+                phases.append(
+                    SlowPhase(
+                        label,
+                        delay,
+                        done,
+                        done * steps,
+                        sum(r.seconds for r in reports),
+                        latency,
+                        baseline,
+                        step_bound(timeout_seconds),
+                        tuple(e for r in reports for e in r.errors),
+                    )
+                )
+                _progress(f"slow recorder: {label}: p50 {_ms(latency.p50)} ms, max {_ms(latency.max)} ms")
+                return points
+
+            phase("baseline", 0.0, steps, [{"runs": runs}])
+            for delay in delays:
+                phase(f"{_ms(delay)} ms", delay, steps, [{"runs": runs}])
+            run_steps = 10
+            legs = [
+                {"runs": (b - a) // run_steps, "padding": spool_padding}
+                for a, b in itertools.pairwise((0, *memory_steps))
+            ]
+            memory = phase("spooling", 1.5 * timeout_seconds, run_steps, legs)
+            phase("recovering", recovery_delay, steps, [{"seconds": drain_backoff_cap() + 2 * timeout_seconds}])
+            still_spooled = spool_backlog(spool)
+            proxy.delay = 0.0
+            exit_started = time.perf_counter()
+            exit_code = agent.close()
+            exit_seconds = time.perf_counter() - exit_started
+        finally:
+            agent.kill()
+        spool_left = sum(p.stat().st_size for p in spool.glob("spool-*.log"))
+        stored = stored_by_agent(recorder.endpoint, name)
+    return SlowRecorderResult(
+        timeout_seconds=timeout_seconds,
+        phases=tuple(phases),
+        memory=tuple(memory),
+        expected=expected,
+        stored=stored,
+        spool_left_bytes=spool_left,
+        exit_code=exit_code,
+        exit_seconds=exit_seconds,
+        spooled_after_recovery=still_spooled,
+    )
+
+
+# -- scenario 2: the soak -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SoakResult:
+    seconds: float
+    agents: int
+    steps: int
+    tool_delay: float
+    agent_runs: int
+    agent_errors: tuple[str, ...]
+    load_rate: float
+    load: LoadReport
+    export_latency: Latency
+    recorder_mean_ingest_seconds: float
+    """Recorder-side time per Export (steprec_ingest_seconds_total / steprec_export_requests_total)."""
+    rss_samples: tuple[tuple[float, int], ...]
+    database_bytes: int
+    """Size of the DuckDB file and its own log at the end: context for the RSS figures."""
+    expected: dict[str, int]
+    stored: dict[str, int]
+    stored_distinct: dict[str, int]
+
+    @property
+    def records_per_second(self) -> float:
+        """Log records stored per second; run rows are left out, they come from `run_started` events."""
+        records = sum(n for view, n in self.stored_distinct.items() if view != "runs")
+        return records / self.seconds
+
+    @property
+    def lost(self) -> int:
+        return sum(self.expected.values()) - sum(self.stored_distinct.values())
+
+    @property
+    def duplicates(self) -> int:
+        return sum(self.stored.values()) - sum(self.stored_distinct.values())
+
+    def rss_window_max(self, first: bool) -> int:
+        """Max VmRSS (KiB) in the first or the last window: a minute, or a third of a shorter run."""
+        window = min(60.0, self.seconds / 3)
+        end = self.rss_samples[-1][0]
+        picked = [kib for t, kib in self.rss_samples if (t <= window if first else t >= end - window)]
+        return max(picked)
+
+
+def soak(
+    folder: Path,
+    *,
+    seconds: float,
+    agents: int = 3,
+    steps: int = 5,
+    tool_delay: float = 0.01,
+    load_rate: float = 2000.0,
+    records_per_request: int = 100,
+    requests_per_run: int = 50,
+) -> SoakResult:
+    """`agents` agent processes and one load generator against one recorder for `seconds`.
+
+    Agents run back to back runs of `steps` tool calls, each call pausing
+    `tool_delay` (pretend work, which paces them); the load generator sends
+    `load_rate` records/s. The recorder's VmRSS is sampled every second.
+    Afterwards every record each process sent is counted in the recorder.
+    """
+    from steprec.recorder.process import RecorderProcess
+
+    names = [f"soak-agent-{i}" for i in range(agents)]
+    metrics_port = ("--metrics-listen", "127.0.0.1:0")
+    with RecorderProcess(folder / "recorder", extra_args=metrics_port) as recorder:
+        processes = [AgentProcess(recorder.endpoint, n, folder / f"spool-{n}") for n in names]
+        try:
+            # Imports take a second or two: let every agent be ready before the clock starts.
+            for process in processes:
+                process.phase(1, runs=1)
+            assert recorder.process is not None
+            with RssSampler(recorder.process.pid) as sampler:
+                load = _spawn_load(
+                    endpoint=recorder.endpoint,
+                    rate=load_rate,
+                    records_per_request=records_per_request,
+                    requests_per_run=requests_per_run,
+                    seconds=seconds,
+                )
+                for process in processes:
+                    process.start_phase(steps, seconds=seconds, tool_delay=tool_delay)
+                reports = [process.finish_phase() for process in processes]
+                out, _ = load.communicate(timeout=seconds + 120)
+            load_report = LoadReport(**json.loads(out))
+            for process in processes:
+                process.end_input()  # all exit at once
+            for process in processes:
+                process.close()
+        finally:
+            for process in processes:
+                process.kill()
+        metrics = _scrape(recorder.metrics_url)
+        stored = [stored_by_agent(recorder.endpoint, n) for n in names]
+        load_stored = stored_load(recorder.endpoint)
+    expected = _add(
+        *(_scale(records_per_run(steps), r.runs) for r in reports),
+        _scale(records_per_run(1), agents),  # the warm-up run of each agent
+        {"load_events": load_report.records},
+    )
+    counted = _add(*(s.counts for s in stored), {"load_events": load_stored.counts["events"]})
+    distinct = _add(*(s.distinct for s in stored), {"load_events": load_stored.distinct["events"]})
+    requests = metrics.get("steprec_export_requests_total", 0.0)
+    return SoakResult(
+        seconds=max(load_report.seconds, *(r.seconds for r in reports)),
+        agents=agents,
+        steps=steps,
+        tool_delay=tool_delay,
+        agent_runs=sum(r.runs for r in reports),
+        agent_errors=tuple(e for r in reports for e in r.errors),
+        load_rate=load_rate,
+        load=load_report,
+        export_latency=Latency.of(load_report.latencies),
+        recorder_mean_ingest_seconds=metrics.get("steprec_ingest_seconds_total", 0.0) / requests if requests else 0.0,
+        rss_samples=tuple(sampler.samples),
+        database_bytes=int(metrics.get("steprec_database_bytes", 0)),
+        expected=expected,
+        stored=counted,
+        stored_distinct=distinct,
+    )
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """Unlabelled samples of the recorder's Prometheus text (empty when it has no metrics port)."""
+    import urllib.request
+
+    if not url:
+        return {}
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.split()
+            samples[name] = float(value)
+    return samples
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def _progress(message: str) -> None:
+    print(f"[load] {message}", file=sys.stderr, flush=True)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f}"
+
+
+def _mib(kib: int) -> str:
+    return f"{kib / 1024:,.1f}"
+
+
+def slow_recorder_section(result: SlowRecorderResult) -> list[str]:
+    lines = [
+        f"Exporter `timeout_seconds` = {result.timeout_seconds:g} s; bound per timed interval = "
+        f"{BARRIERS_PER_STEP} barriers x 2 x timeout + {MARGIN_SECONDS:g} s slack = "
+        f"{step_bound(result.timeout_seconds):g} s.",
+        "",
+        "| phase | delay ms | runs | steps | p50 ms | p99 ms | max ms | added p50 ms | within bound | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for p in result.phases:
+        lines.append(
+            f"| {p.name} | {_ms(p.delay)} | {p.runs} | {p.steps} | {p.latency.p50 * 1000:,.1f} | "
+            f"{_ms(p.latency.p99)} | {_ms(p.latency.max)} | {p.added_p50 * 1000:,.1f} | "
+            f"{'yes' if p.within_bound else '**NO**'} | {len(p.errors)} |"
+        )
+    before, after = result.spooled_before_recovery, result.spooled_after_recovery
+    lines += [
+        "",
+        "| spooling: steps so far | agent peak RSS (VmHWM) MiB | spooled requests | spooled MiB |",
+        "|---:|---:|---:|---:|",
+        *(
+            f"| {p.steps:,} | {_mib(p.peak_rss_kib)} | {p.spooled.requests:,} | {_mib(p.spooled.bytes // 1024)} |"
+            for p in result.memory
+        ),
+        "",
+        f"- `recovering` began with {before.requests:,} requests ({_mib(before.bytes // 1024)} MiB) in the agent's "
+        f"spool and ended with {after.requests:,}",
+        f"- afterwards (delay 0, agent exit flush {result.exit_seconds:,.1f} s, exit code {result.exit_code}): "
+        f"expected {_counts(result.expected)}; stored {_counts(result.stored.counts)}; "
+        f"lost {result.lost}, duplicates {result.stored.duplicates}, spool left {result.spool_left_bytes} bytes",
+    ]
+    return lines
+
+
+def soak_section(result: SoakResult) -> list[str]:
+    samples = result.rss_samples
+    window = min(60.0, result.seconds / 3)
+    return [
+        f"{result.agents} agent processes (back-to-back runs of {result.steps} tool calls, each "
+        f"{_ms(result.tool_delay)} ms of pretend work; {result.agent_runs:,} runs, {len(result.agent_errors)} errors) "
+        f"and one load generator ({result.load_rate:,.0f} records/s in requests of "
+        f"{result.load.records // max(result.load.requests, 1)} step events; {result.load.late_requests} late, "
+        f"{len(result.load.failures)} failed) against one recorder for {result.seconds:,.0f} s.",
+        "",
+        "| figure | value |",
+        "|---|---:|",
+        f"| log records stored per second (all processes) | {result.records_per_second:,.0f} |",
+        f"| load generator Export latency p50 / p99 / max ms | {result.export_latency.p50 * 1000:,.1f} / "
+        f"{result.export_latency.p99 * 1000:,.1f} / {_ms(result.export_latency.max)} |",
+        f"| recorder time per Export, mean ms (Prometheus) | {result.recorder_mean_ingest_seconds * 1000:,.2f} |",
+        f"| recorder RSS max, first {window:,.0f} s / last {window:,.0f} s MiB | "
+        f"{_mib(result.rss_window_max(True))} / {_mib(result.rss_window_max(False))} |",
+        f"| recorder RSS min / max over the run MiB ({len(samples)} samples) | "
+        f"{_mib(min(k for _, k in samples))} / {_mib(max(k for _, k in samples))} |",
+        f"| DuckDB file at the end MiB | {result.database_bytes / (1 << 20):,.1f} |",
+        f"| sent | {_counts(result.expected)} |",
+        f"| stored | {_counts(result.stored)} |",
+        f"| lost / duplicates | {result.lost} / {result.duplicates} |",
+    ]
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{kind} {n:,}" for kind, n in counts.items())
+
+
+QUICK_SLOW: dict[str, Any] = {
+    "timeout_seconds": 0.5,
+    "delays": (0.05, 0.25),
+    "runs": 1,
+    "steps": 3,
+    "memory_steps": (20, 80),
+    "spool_padding": 300_000,
+    "recovery_delay": 0.03,
+}
+"""`slow_recorder` at the sizes of the normal test suite (tests/test_load_faults.py) and of `--quick`.
+
+A configured timeout of half a second makes "slower than the timeout" fit in a
+test. The padding makes the 60 steps between the memory readings spool about
+18 MB, far more than RSS noise. With the recovery delay, re-sending the spool one request at a time takes
+(spooled requests x delay), above `step_bound` by itself: a drain that held a
+hook for all of it would break the bound however fast the machine is."""
+QUICK_SOAK_SECONDS = 8.0
+
+
+def slow_options(quick: bool) -> dict[str, Any]:
+    """`slow_recorder`'s sizes: `QUICK_SLOW`, or the report's, at the exporter's shipped timeout."""
+    if quick:
+        return QUICK_SLOW
+    return {
+        "timeout_seconds": default_timeout_seconds(),
+        "delays": (0.05, 0.5),
+        "runs": 3,
+        "steps": 5,
+        "memory_steps": (200, 800, 1600, 3200),
+        "spool_padding": 16_000,  # about 35 KB spooled per step: 3,200 steps stay well inside the 256 MiB bound
+        "recovery_delay": 0.0,
+    }
+
+
+def main(quick: bool = False) -> str:
+    """Run the slow-recorder and soak scenarios and return their markdown section."""
+    soak_seconds = QUICK_SOAK_SECONDS if quick else 300.0
+    with tempfile.TemporaryDirectory() as folder:
+        slow = slow_recorder(Path(folder) / "slow", **slow_options(quick))
+        _progress(f"soak: {soak_seconds:,.0f} s")
+        soaked = soak(Path(folder) / "soak", seconds=soak_seconds)
+    lines = [
+        "## Slow recorder and soak",
+        "",
+        "### Slow recorder",
+        "",
+        "One agent process records through a TCP proxy that delays every chunk the recorder sends "
+        "(`DelayingProxy` in `reliability/load.py`): each acknowledgement arrives that much later, after the "
+        "recorder stored the request. Latency is the wall time of each interval of a run (start to first model "
+        "request, model request to model request, last one to the end), each holding at most "
+        f"{BARRIERS_PER_STEP} acknowledgement waits. `spooling`: the delay exceeds the timeout, every request "
+        "times out, is spooled and sent again later (runs of 10 steps). `recovering`: the delay is back below "
+        "the timeout, for longer than the spool's longest re-send pause, so the spool drains while the agent runs.",
+        "",
+        *slow_recorder_section(slow),
+        "",
+        "### Soak",
+        "",
+        *soak_section(soaked),
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report, flush=True)
+    return report
+
+
+def _child(role: str, arguments: str) -> None:
+    """Entry of the agent and load-generator processes (see `AgentProcess` and `_spawn_load`)."""
+    config = json.loads(arguments)
+    if role == "agent":
+        _AgentChild(config).serve()
+    elif role == "loadgen":
+        print(json.dumps(generate_load(**config).__dict__), flush=True)
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+
+
+if __name__ == "__main__":
+    _child(*sys.argv[1:3])
