@@ -812,16 +812,22 @@ class DuckDBStore:
 
     @staticmethod
     def _refs_of(cursor: duckdb.DuckDBPyConnection, run_id: str, snapshot_index: int) -> tuple[bytes, ...]:
-        """The full reference list of one snapshot, rebuilt from its delta chain."""
+        """The full reference list of one snapshot, rebuilt from its delta chain.
+
+        A base may be numbered higher than the snapshot on it (RecorderStepStore numbers a
+        second key at one sequence from 2**30), and a sender reusing indexes can make bases
+        form a cycle: the walk takes every retained snapshot and stops at an index it has seen.
+        """
         rows = cursor.execute(
             "SELECT snapshot_index, base_index, keep, refs FROM snapshots"
-            " WHERE run_id = ? AND snapshot_index <= ? AND NOT pruned ORDER BY write_seq",
-            [run_id, snapshot_index],
+            " WHERE run_id = ? AND NOT pruned ORDER BY write_seq",
+            [run_id],
         ).fetchall()
         by_index = {index: (base, keep, bytes(refs)) for index, base, keep, refs in rows}
-        chain = []
+        chain, seen = [], set()
         index: int | None = snapshot_index
-        while index is not None and index in by_index:
+        while index is not None and index in by_index and index not in seen:
+            seen.add(index)
             chain.append(by_index[index])
             index = by_index[index][0]
         refs: tuple[bytes, ...] = ()
