@@ -1,4 +1,4 @@
-"""Bearer-token authentication for every call but health checks.
+"""The guards in front of every servicer: a bearer token, and a request that parses.
 
 Health stays open so an orchestrator (Docker, Kubernetes) can probe the
 recorder without holding the secret. The token is compared in constant time
@@ -8,6 +8,7 @@ and never logged.
 from __future__ import annotations
 
 import hmac
+import inspect
 
 import grpc
 
@@ -37,3 +38,49 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         if not hmac.compare_digest(str(supplied).encode(), self._expected):
             return _deny("the token is not valid for this recorder")
         return await continuation(handler_call_details)
+
+
+class ReadableRequests(grpc.aio.ServerInterceptor):
+    """Parses each unary request before its servicer, refusing bytes that are not the method's request message.
+
+    grpc's own deserializer turns them into UNKNOWN ("Unexpected DecodeError") and logs a traceback per call,
+    so a stranger's garbage reads like a recorder fault. Here it gets INVALID_ARGUMENT and the reason, as
+    Export already does (ingest.py). Streamed requests (reflection) and plain-function servicers pass unchanged.
+    """
+
+    async def intercept_service(self, continuation, handler_call_details: grpc.HandlerCallDetails):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+            return handler
+        parse, method = handler.request_deserializer, handler_call_details.method
+
+        async def parsed(payload: bytes, context: grpc.aio.ServicerContext):
+            try:
+                return parse(payload)
+            except Exception as error:  # DecodeError, or whatever else a deserializer raises on bad bytes
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not one {method} reads: {error}")
+
+        if not handler.response_streaming:
+            behavior = handler.unary_unary
+            if not inspect.iscoroutinefunction(behavior):
+                return handler
+
+            async def unary(payload: bytes, context: grpc.aio.ServicerContext):
+                return await behavior(await parsed(payload, context), context)
+
+            return grpc.unary_unary_rpc_method_handler(unary, response_serializer=handler.response_serializer)
+        behavior = handler.unary_stream
+        if inspect.isasyncgenfunction(behavior):
+
+            async def stream(payload: bytes, context: grpc.aio.ServicerContext):
+                async for response in behavior(await parsed(payload, context), context):
+                    yield response
+
+        elif inspect.iscoroutinefunction(behavior):  # writes its answers with context.write (health's Watch)
+
+            async def stream(payload: bytes, context: grpc.aio.ServicerContext):
+                return await behavior(await parsed(payload, context), context)
+
+        else:
+            return handler
+        return grpc.unary_stream_rpc_method_handler(stream, response_serializer=handler.response_serializer)

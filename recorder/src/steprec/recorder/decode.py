@@ -24,6 +24,9 @@ MAX_TEXT = 64 * 1024
 
 
 _INT32_MAX = 2**31 - 1
+_LATEST_NANO = 2**63 - 1
+"""OTLP times are unsigned 64-bit, the store's are signed (up to 2262-04-11): a later one is refused here,
+since one the log acknowledged but DuckDB could not take would stall every record behind it."""
 
 
 class Malformed(ValueError):
@@ -174,6 +177,8 @@ def _body(record: LogRecord) -> dict[str, object]:
 
 def _lineage(index: int, record: LogRecord, fields: _Fields) -> Lineage:
     at = record.time_unix_nano or record.observed_time_unix_nano or time.time_ns()
+    if at > _LATEST_NANO:
+        raise Malformed("bad_attribute", f"time_unix_nano {at} is past {_LATEST_NANO}, the latest instant stored")
     return Lineage(
         index=index,
         run_id=fields.run_id(wire.RUN_ID, required=True),

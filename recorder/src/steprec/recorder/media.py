@@ -174,6 +174,17 @@ def _encode_base64(raw: bytes, encoding: str) -> str:
     return text.rstrip("=") if padding == "nopad" else text
 
 
+def _json_text(tree: object) -> str:
+    """Compact JSON, as UTF-8 text where it can be: a message may spell a lone surrogate (`"\\ud800"` is
+    valid JSON, not valid Unicode), which only ASCII escapes can carry into the store and back out."""
+    text = json.dumps(tree, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(tree, separators=(",", ":"))
+    return text
+
+
 class MediaCodec:
     """Moves payloads out of message JSON into a MediaStore, and back."""
 
@@ -187,12 +198,12 @@ class MediaCodec:
             return text, []
         offloaded: list[tuple[str, int]] = []
         tree = self._out(json.loads(text), offloaded)
-        return json.dumps(tree, separators=(",", ":"), ensure_ascii=False), offloaded
+        return _json_text(tree), offloaded
 
     def restore(self, text: str) -> str:
         if MARKER not in text and LITERAL not in text:
             return text
-        return json.dumps(self._in(json.loads(text)), separators=(",", ":"), ensure_ascii=False)
+        return _json_text(self._in(json.loads(text)))
 
     def _out(self, node: object, offloaded: list[tuple[str, int]]) -> object:
         if isinstance(node, list):

@@ -16,7 +16,7 @@ from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
 from steprec.proto.query.v1 import query_pb2, query_pb2_grpc
 
 from .admin_service import RecorderAdmin
-from .auth import TokenAuth
+from .auth import ReadableRequests, TokenAuth
 from .ingest import LogsIngest
 from .media import DEFAULT_THRESHOLD, open_media_store
 from .metrics import serve_metrics
@@ -86,7 +86,8 @@ class Recorder:
                 secret_access_key=options.s3_secret_access_key,
             ),
         )
-        interceptors = [TokenAuth(options.token)] if options.token else []
+        # The token first: a stranger without it learns nothing, not even whether their bytes parse.
+        interceptors = [*([TokenAuth(options.token)] if options.token else []), ReadableRequests()]
         self._server = grpc.aio.server(interceptors=interceptors)
         self._server.add_generic_rpc_handlers((LogsIngest(self.store).handler(),))
         query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(self.store), self._server)

@@ -50,19 +50,23 @@ RUN_EDGES = (
 
 MAX_TREE_DEPTH = 10_000
 
-DESCENDANT_STEP = "SELECT e.run_id, t.depth + 1 FROM edges e JOIN tree t ON e.from_run_id = t.run_id WHERE"
+DESCENDANT_STEP = "SELECT e.run_id, t.depth + 1 FROM tree t JOIN edges e ON e.from_run_id = t.run_id"
 ANCESTOR_STEP = (
-    "SELECT p.parent_run_id, t.depth + 1 FROM main.runs p JOIN tree t ON p.run_id = t.run_id"
-    " WHERE p.parent_run_id IS NOT NULL AND"
+    "SELECT p.parent_run_id, t.depth + 1 FROM tree t JOIN main.runs p ON p.run_id = t.run_id"
+    " AND p.parent_run_id IS NOT NULL"
 )
 TREE_WALK = (
     f"WITH RECURSIVE edges AS ({RUN_EDGES}),"
-    f" tree(run_id, depth) AS (SELECT ?::VARCHAR, 0 UNION {{step}} t.depth < {MAX_TREE_DEPTH}),"
-    " depths AS (SELECT run_id, min(depth) AS depth FROM tree GROUP BY run_id)"
+    " tree(run_id, depth) USING KEY (run_id) AS (SELECT ?::VARCHAR, 0 UNION"
+    " SELECT found.run_id, found.depth FROM ({step}) found(run_id, depth)"
+    f" WHERE found.depth <= {MAX_TREE_DEPTH} AND found.run_id NOT IN (SELECT run_id FROM recurring.tree)),"
+    " depths AS (SELECT run_id, depth FROM tree)"
 )
 """`depths`: one run (the `?` parameter) and, by `step`, its descendants or its ancestors, each at its
-least depth. UNION, not UNION ALL: a parent cycle (possible with explicit parent_run_id values) ends
-the walk instead of looping; every step is a hash join, so a 100,000-run tree is one query."""
+least depth. A breadth-first walk that steps only onto runs it has not reached (`recurring.tree`, the
+rows so far): so it ends after the last new run even when parent and fork links form a cycle, which a
+stranger can send (UNION on (run, depth) went round a cycle to depth 10,000, over 30 s per read).
+Every step is a hash join, so a 100,000-run tree is one query."""
 
 DESCENDANTS = f"""
     {TREE_WALK.format(step=DESCENDANT_STEP)}
@@ -97,18 +101,24 @@ VIEWS: dict[str, str] = {
         FROM main.messages GROUP BY digest
     """,
     # A snapshot stores the digests it adds to its base's first `keep`; the recursion rebuilds each
-    # retained snapshot's whole list from the newest full one below it.
+    # retained snapshot's whole list from the newest full one below it. A snapshot's base is the latest
+    # one of the base index written before it (ASOF): so each snapshot is rebuilt once, and the walk
+    # ends, even when a stranger sent many snapshots of one index (joining on the index alone made
+    # one chain per combination: 30 copies of five indexes were 25 million rows) or bases in a cycle.
     "snapshot_messages": """
         WITH RECURSIVE own AS (
-            SELECT run_id, snapshot_index, base_index, keep,
+            SELECT run_id, snapshot_index, write_seq, base_index, keep,
                    list_transform(range(0, octet_length(refs) // 32), i -> lower(substr(hex(refs), i * 64 + 1, 64)))
                        AS digests
             FROM main.snapshots WHERE NOT pruned
-        ), chain(run_id, snapshot_index, digests) AS (
-            SELECT run_id, snapshot_index, digests FROM own WHERE base_index IS NULL
+        ), based AS (
+            SELECT o.*, b.write_seq AS base_seq FROM own o ASOF LEFT JOIN own b
+            ON o.run_id = b.run_id AND o.base_index = b.snapshot_index AND o.write_seq > b.write_seq
+        ), chain(run_id, snapshot_index, write_seq, digests) AS (
+            SELECT run_id, snapshot_index, write_seq, digests FROM based WHERE base_index IS NULL
             UNION ALL
-            SELECT o.run_id, o.snapshot_index, list_concat(c.digests[1:o.keep], o.digests)
-            FROM own o JOIN chain c ON o.run_id = c.run_id AND o.base_index = c.snapshot_index
+            SELECT o.run_id, o.snapshot_index, o.write_seq, list_concat(c.digests[1:o.keep], o.digests)
+            FROM based o JOIN chain c ON o.base_seq = c.write_seq
         ), positions AS (
             SELECT run_id, snapshot_index, unnest(range(0, len(digests))) AS position, unnest(digests) AS digest
             FROM chain
@@ -127,17 +137,21 @@ VIEWS: dict[str, str] = {
                idempotency_key, effect_summary, trace_id, span_id
         FROM main.tool_effects
     """,
-    # Every run paired with itself and each of its descendants; the path stops a parent cycle.
+    # Every run paired with itself and each of its descendants; the path stops a parent cycle. Each step
+    # keeps one path per (root, run) (DISTINCT ON), and each pair its least depth: a stranger's runs whose
+    # parent and fork links both reach the run before (40 of them) otherwise made a path per Fibonacci
+    # number, 13 GB in 20 s.
     "run_tree": f"""
         WITH RECURSIVE edges AS ({RUN_EDGES}),
         tree(root_run_id, run_id, depth, relation, path) AS (
             SELECT run_id, run_id, 0, 'self', [run_id] FROM main.runs
             UNION ALL
-            SELECT t.root_run_id, e.run_id, t.depth + 1, e.relation, list_append(t.path, e.run_id)
+            SELECT DISTINCT ON (t.root_run_id, e.run_id) t.root_run_id, e.run_id, t.depth + 1, e.relation,
+                   list_append(t.path, e.run_id)
             FROM tree t JOIN edges e ON e.from_run_id = t.run_id
             WHERE NOT list_contains(t.path, e.run_id) AND t.depth < {MAX_TREE_DEPTH}
         )
-        SELECT root_run_id, run_id, depth, relation FROM tree
+        SELECT root_run_id, run_id, min(depth) AS depth, arg_min(relation, depth) AS relation FROM tree GROUP BY ALL
     """,
 }
 
@@ -277,13 +291,17 @@ class QueryRun:
         self._cursor.close()
 
     def __iter__(self) -> Iterator[bytes]:
+        """The result's IPC streams; SqlTimeout past the time limit, SqlRefused for any other failure.
+
+        A failure while batches stream comes through Arrow's reader, as an OSError or ArrowException
+        rather than a duckdb.Error (an interrupt is then "OSError: INTERRUPT Error"), so all three
+        are the query's own.
+        """
         try:
             yield from self._batches()
-        except duckdb.InterruptException:
+        except (duckdb.Error, pa.ArrowException, OSError) as error:
             if self._timed_out.is_set():
                 raise SqlTimeout(f"the query ran past its {self._limits.timeout_seconds:g} s time limit") from None
-            raise
-        except duckdb.Error as error:
             raise SqlRefused(_first_line(error)) from None
 
     def _batches(self) -> Iterator[bytes]:
