@@ -209,6 +209,10 @@ async def test_rows_are_cut_off_and_long_queries_interrupted(recorder: RecorderP
     assert empty.num_rows == 0 and empty.column_names == ["run_id"] and not truncated(empty)
     with pytest.raises(TimeoutError, match="1 s time limit"):
         await client.sql("SELECT count(*) FROM range(1000000000000) a", timeout_seconds=1)
+    # A limit so small it passed before the query started: that interrupt was lost and the query ran forever.
+    endless = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
+    with pytest.raises(TimeoutError, match="time limit"):
+        await asyncio.wait_for(client.sql(endless, timeout_seconds=1e-9), 20)
     with pytest.raises(ValueError, match="max_rows must be"):
         await client.sql("SELECT 1", max_rows=10_000_000)
     # An interrupted query leaves the recorder serving, and a write path untouched.

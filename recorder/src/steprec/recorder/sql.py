@@ -10,6 +10,7 @@ limit, enforced by cutting the result and by interrupting DuckDB.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -271,6 +272,7 @@ class QueryRun:
         self._limits = limits
         self.truncated = False
         self._timed_out = threading.Event()
+        self._closed = threading.Event()
         self._timer = None
         if limits.timeout_seconds is not None:
             self._timer = threading.Timer(limits.timeout_seconds, self._time_out)
@@ -279,13 +281,24 @@ class QueryRun:
         self._query = query
 
     def _time_out(self) -> None:
+        """Interrupt DuckDB at the limit, and again every 50 ms until the run is closed.
+
+        An interrupt that lands before the query starts executing is lost: a limit of a few
+        microseconds made exactly that happen, and the query then ran without any limit
+        (found by reliability/fuzz.py: a recursive CTE that never ends).
+        """
         self._timed_out.set()
-        self._cursor.interrupt()
+        while True:
+            with contextlib.suppress(duckdb.Error):  # closing under us: nothing left to stop
+                self._cursor.interrupt()
+            if self._closed.wait(0.05):
+                return
 
     def cancel(self) -> None:
         self._cursor.interrupt()
 
     def close(self) -> None:
+        self._closed.set()
         if self._timer is not None:
             self._timer.cancel()
         self._cursor.close()
