@@ -727,6 +727,8 @@ class SoakResult:
     recorder_mean_ingest_seconds: float
     """Recorder-side time per Export (steprec_ingest_seconds_total / steprec_export_requests_total)."""
     rss_samples: tuple[tuple[float, int], ...]
+    duckdb_memory_mib: int
+    """The recorder's `--duckdb-memory-mib`: DuckDB's share of its memory bound."""
     database_bytes: int
     """Size of the DuckDB file and its own log at the end: context for the RSS figures."""
     expected: dict[str, int]
@@ -765,18 +767,21 @@ def soak(
     load_rate: float = 2000.0,
     records_per_request: int = 100,
     requests_per_run: int = 50,
+    duckdb_memory_mib: int = 128,
 ) -> SoakResult:
     """`agents` agent processes and one load generator against one recorder for `seconds`.
 
     Agents run back to back runs of `steps` tool calls, each call pausing
     `tool_delay` (pretend work, which paces them); the load generator sends
-    `load_rate` records/s. The recorder's VmRSS is sampled every second.
+    `load_rate` records/s. The recorder's VmRSS is sampled every second. The recorder runs with
+    `--duckdb-memory-mib duckdb_memory_mib`, small enough that DuckDB's page cache reaches its bound
+    within the run, so the RSS samples show where the recorder's memory levels off.
     Afterwards every record each process sent is counted in the recorder.
     """
     from steprec.recorder.process import RecorderProcess
 
     names = [f"soak-agent-{i}" for i in range(agents)]
-    metrics_port = ("--metrics-listen", "127.0.0.1:0")
+    metrics_port = ("--metrics-listen", "127.0.0.1:0", "--duckdb-memory-mib", str(duckdb_memory_mib))
     with RecorderProcess(folder / "recorder", extra_args=metrics_port) as recorder:
         processes = [AgentProcess(recorder.endpoint, n, folder / f"spool-{n}") for n in names]
         try:
@@ -816,6 +821,7 @@ def soak(
     distinct = _add(*(s.distinct for s in stored), {"load_events": load_stored.distinct["events"]})
     requests = metrics.get("steprec_export_requests_total", 0.0)
     return SoakResult(
+        duckdb_memory_mib=duckdb_memory_mib,
         seconds=max(load_report.seconds, *(r.seconds for r in reports)),
         agents=agents,
         steps=steps,
@@ -915,6 +921,8 @@ def soak_section(result: SoakResult) -> list[str]:
         f"| load generator Export latency p50 / p99 / max ms | {result.export_latency.p50 * 1000:,.1f} / "
         f"{result.export_latency.p99 * 1000:,.1f} / {_ms(result.export_latency.max)} |",
         f"| recorder time per Export, mean ms (Prometheus) | {result.recorder_mean_ingest_seconds * 1000:,.2f} |",
+        f"| recorder started with `--duckdb-memory-mib` (DuckDB's page cache and queries) | "
+        f"{result.duckdb_memory_mib} |",
         f"| recorder RSS max, first {window:,.0f} s / last {window:,.0f} s MiB | "
         f"{_mib(result.rss_window_max(True))} / {_mib(result.rss_window_max(False))} |",
         f"| recorder RSS min / max over the run MiB ({len(samples)} samples) | "

@@ -122,3 +122,12 @@ def test_no_transaction_stays_open_so_duckdb_can_checkpoint_and_free_old_version
             cursor.execute("CHECKPOINT")
     finally:
         store.close()
+
+
+def test_duckdb_memory_is_bounded_by_the_setting(tmp_path: Path) -> None:
+    store = DuckDBStore(tmp_path / "steprec.duckdb", memory_limit_mib=64)
+    try:
+        with store.cursor() as cursor:
+            assert cursor.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "64.0 MiB"
+    finally:
+        store.close()

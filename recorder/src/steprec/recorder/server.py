@@ -35,6 +35,8 @@ class ServeOptions:
     data_dir: Path = Path("steprec-data")
     fsync: bool = False
     max_snapshots_per_run: int | None = None
+    duckdb_memory_mib: int = 1024
+    """DuckDB's memory limit (page cache and queries); it spills to disk beyond it."""
     token: str | None = field(default=None, repr=False)
     """Required bearer token for every call but health checks (never printed)."""
     tls_cert: Path | None = None
@@ -75,6 +77,7 @@ class Recorder:
             options.data_dir / DATABASE_NAME,
             fsync=options.fsync,
             max_snapshots_per_run=options.max_snapshots_per_run,
+            memory_limit_mib=options.duckdb_memory_mib,
             media_threshold=options.media_threshold,
             media_store=open_media_store(
                 options.media,

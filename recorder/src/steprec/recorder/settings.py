@@ -76,6 +76,8 @@ SETTINGS = (
             "survive power loss too (without it they survive any crash of the recorder process)"),
     Setting("max_snapshots_per_run", positive_int, None, "keep at most N snapshots per run (plus the newest and "
             "the newest complete) unless the run asks for its own bound; none keeps all"),
+    Setting("duckdb_memory_mib", positive_int, 1024, "memory DuckDB may use for its page cache and queries, in "
+            "MiB (it spills to disk beyond); with the 128 MiB message cache this bounds the recorder's memory"),
     Setting("media", str, None, "where media blobs go: s3://bucket/prefix (S3-compatible; credentials from the "
             "usual AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment or AWS config) or a folder; "
             "none: <data>/media"),

@@ -148,6 +148,7 @@ class DuckDBStore:
         *,
         fsync: bool = False,
         max_snapshots_per_run: int | None = None,
+        memory_limit_mib: int = 1024,
         media_threshold: int = DEFAULT_THRESHOLD,
         media_store: MediaStore | None = None,
     ) -> None:
@@ -164,6 +165,9 @@ class DuckDBStore:
         # checkpoint to the next; ZSTD (which needs the newer storage format) compresses it 3-4x
         # and also finds what similar messages share (docs/storage.md has the measurements).
         self._connection.execute("SET force_compression = 'zstd'")
+        # DuckDB's own default is 80% of the machine's memory: a sidecar's page cache would grow
+        # with the data until then (the soak in docs/reliability.md watched it grow).
+        self._connection.execute(f"SET memory_limit = '{int(memory_limit_mib)}MiB'")
         if new:
             os.chmod(path, 0o600)
         migrate(self._connection)
