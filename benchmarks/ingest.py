@@ -72,7 +72,10 @@ def measure(quick: bool, folder: Path) -> dict[str, Any]:
     rows = []
     for senders in SENDERS:
         payloads = [
-            [step_events_request(s, n, RECORDS_PER_REQUEST).SerializeToString() for n in range(config["requests"])]
+            [
+                step_events_request(f"load-{s}", n, RECORDS_PER_REQUEST).SerializeToString()
+                for n in range(config["requests"])
+            ]
             for s in range(senders)
         ]
         runs = []

@@ -10,8 +10,11 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeL
 from steprec.proto import wire
 
 
-def step_events_request(sender: int, number: int, records: int) -> logs_service_pb2.ExportLogsServiceRequest:
-    """Request `number` of load sender `sender`: `records` events of run `load-<sender>`, keys unique per request."""
+def step_events_request(
+    run_id: str, number: int, records: int, *, padding: int = 0
+) -> logs_service_pb2.ExportLogsServiceRequest:
+    """Request `number` of a load sender: `records` events of run `run_id`, keys `<number>:<i>` unique per
+    request, each with a `pad` attribute of `padding` characters when records should weigh something."""
 
     def attribute(key: str, value: str | int) -> KeyValue:
         any_value = AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
@@ -22,9 +25,10 @@ def step_events_request(sender: int, number: int, records: int) -> logs_service_
             time_unix_nano=time.time_ns(),
             event_name=wire.EVENT_PREFIX + "model_request_started",
             attributes=[
-                attribute(wire.RUN_ID, f"load-{sender}"),
+                attribute(wire.RUN_ID, run_id),
                 attribute(wire.STEP_INDEX, number),
                 attribute(wire.IDEMPOTENCY_KEY, f"{number}:{i}"),
+                *([attribute("pad", "x" * padding)] if padding else []),
             ],
         )
         for i in range(records)

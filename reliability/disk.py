@@ -20,13 +20,11 @@ from pathlib import Path
 
 import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 from steprec.exporter import shutdown_pipelines
-from steprec.proto import wire
 from steprec.query import RecorderClient
 from steprec.recorder.process import RecorderProcess
 
+from benchmarks.load import step_events_request
 from tests.agents import echo_agent
 
 REQUEST_RECORDS = 50
@@ -67,26 +65,7 @@ def _fill(folder: Path) -> Path:
 
 
 def _request(run_id: str, count: int) -> logs_service_pb2.ExportLogsServiceRequest:
-    def attribute(key: str, value: str | int) -> KeyValue:
-        any_value = AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
-        return KeyValue(key=key, value=any_value)
-
-    records = [
-        LogRecord(
-            time_unix_nano=time.time_ns(),
-            event_name=wire.EVENT_PREFIX + "model_request_started",
-            attributes=[
-                attribute(wire.RUN_ID, run_id),
-                attribute(wire.STEP_INDEX, i),
-                attribute(wire.IDEMPOTENCY_KEY, f"{run_id}:{i}"),
-                attribute("pad", "x" * 2000),
-            ],
-        )  # fmt: skip
-        for i in range(count)
-    ]
-    return logs_service_pb2.ExportLogsServiceRequest(
-        resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=records)])]
-    )
+    return step_events_request(run_id, 0, count, padding=2000)
 
 
 def _send_until_taken(export, request: logs_service_pb2.ExportLogsServiceRequest, patience: float = 30) -> None:
@@ -159,9 +138,10 @@ async def disk_full(folder: Path, *, requests: int = 20) -> DiskFullResult:
             recovery = time.monotonic() - freed
 
             keys = await client.sql(
-                "SELECT idempotency_key FROM events WHERE run_id IN ('before', 'in-the-log') OR run_id LIKE 'during-%'"
+                "SELECT run_id || '/' || idempotency_key AS k FROM events"
+                " WHERE run_id IN ('before', 'in-the-log') OR run_id LIKE 'during-%'"
             )
-            stored = keys.column("idempotency_key").to_pylist()
+            stored = keys.column("k").to_pylist()
             (run,) = await client.list_runs(conversation_id="conv-full")
             events = await client.list_events(run.run_id)
             kinds = [e.kind for e in events]

@@ -414,7 +414,7 @@ def generate_load(
             report.late_requests += 1
             due = time.perf_counter()
         run = report.requests // requests_per_run
-        payload = step_events_request(run, report.requests, records_per_request).SerializeToString()
+        payload = step_events_request(f"load-{run}", report.requests, records_per_request).SerializeToString()
         sent = time.perf_counter()
         try:
             export(payload, timeout=30)

@@ -17,7 +17,7 @@ from benchmarks.load import step_events_request
 
 
 def _request(sender: int, number: int) -> logs_service_pb2.ExportLogsServiceRequest:
-    return step_events_request(sender, number, records=20)
+    return step_events_request(f"load-{sender}", number, records=20)
 
 
 class _Load:
