@@ -395,6 +395,9 @@ def main(quick: bool) -> str:
         lines += ["Unclear or wrong answers, by kind:", ""]
         lines += [f"- {count:,} × {key}  \n  first: `{examples[key]}`" for key, count in problems.most_common(12)]
         lines.append("")
+    if "Traceback" in log:  # the recorder's own account of its first failure, for whoever fixes it
+        first = log[log.index("Traceback") :].splitlines()[:40]
+        lines += ["The recorder's log, from its first traceback:", "", "```text", *first, "```", ""]
     return "\n".join(lines)
 
 
