@@ -131,3 +131,26 @@ def test_duckdb_memory_is_bounded_by_the_setting(tmp_path: Path) -> None:
             assert cursor.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "64.0 MiB"
     finally:
         store.close()
+
+
+def test_message_json_nested_too_deep_is_refused_not_a_failed_request() -> None:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+    from steprec.proto import wire
+    from steprec.recorder.decode import decode_request
+
+    # 900 levels parse, but media offloading in the store then recursed past Python's limit and the
+    # whole request failed with "could not commit" (found by the fuzz run).
+    deep = '{"kind":"request","parts":' + "[" * 900 + "]" * 900 + "}"
+    body = KeyValueList(values=[KeyValue(key=wire.BODY_MESSAGES, value=AnyValue(array_value=ArrayValue(
+        values=[AnyValue(string_value=deep)])))])  # fmt: skip
+    attrs = [KeyValue(key=wire.RUN_ID, value=AnyValue(string_value="run-1")),
+             KeyValue(key=wire.STEP_INDEX, value=AnyValue(int_value=0)),
+             KeyValue(key=wire.SNAPSHOT_INDEX, value=AnyValue(int_value=0)),
+             KeyValue(key=wire.SNAPSHOT_KEEP, value=AnyValue(int_value=0)),
+             KeyValue(key=wire.SNAPSHOT_STATE, value=AnyValue(string_value="complete"))]  # fmt: skip
+    record = LogRecord(event_name=wire.SNAPSHOT, attributes=attrs, body=AnyValue(kvlist_value=body))
+    request = ExportLogsServiceRequest(resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=[record])])])
+    records, refusals = decode_request(request)
+    assert records == [] and [(r.code, "nests deeper than 200" in r.reason) for r in refusals] == [("bad_body", True)]

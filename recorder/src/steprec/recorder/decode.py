@@ -24,6 +24,26 @@ MAX_TEXT = 64 * 1024
 
 
 _INT32_MAX = 2**31 - 1
+MAX_JSON_DEPTH = 200
+"""Nesting a message's JSON may have: far beyond any pydantic-ai message, and shallow enough that the
+store's recursive walks (media offloading) never meet Python's recursion limit, which failed a whole
+request with 'could not commit' (found by reliability/fuzz.py)."""
+
+
+def _depth(tree: object) -> int:
+    """How deeply lists and objects nest in `tree`, walked without recursion."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_JSON_DEPTH:
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 _LATEST_NANO = 2**63 - 1
 """OTLP times are unsigned 64-bit, the store's are signed (up to 2262-04-11): a later one is refused here,
 since one the log acknowledged but DuckDB could not take would stall every record behind it."""
@@ -235,10 +255,12 @@ def _snapshot(lineage: Lineage, fields: _Fields, body: dict[str, object]) -> Sna
     for position, message in enumerate(messages):
         try:
             parsed = json.loads(message)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise Malformed("bad_body", f"body.{wire.BODY_MESSAGES}[{position}] is not valid JSON: {error}") from None
         if not isinstance(parsed, dict):
             raise Malformed("bad_body", f"body.{wire.BODY_MESSAGES}[{position}] must be a JSON object")
+        if _depth(parsed) > MAX_JSON_DEPTH:
+            raise Malformed("bad_body", f"body.{wire.BODY_MESSAGES}[{position}] nests deeper than {MAX_JSON_DEPTH}")
     keep = fields.integer(wire.SNAPSHOT_KEEP, required=True)
     base_index = fields.integer(wire.SNAPSHOT_BASE_INDEX)
     if keep and base_index is None:
