@@ -271,6 +271,15 @@ def steprec_records(draw: st.DrawFn) -> LogRecord:
     return log_record(name, fields, body, time_unix_nano=when, **trace)
 
 
+def fragment(run_id: str, digest: str, index: int, count: int, data: bytes) -> LogRecord:
+    """Piece `index` of `count` of the message whose hex SHA-256 is `digest`."""
+    attrs = {wire.RUN_ID: string_value(run_id), wire.STEP_INDEX: int_value(0),
+             wire.FRAGMENT_DIGEST: string_value(digest), wire.FRAGMENT_INDEX: int_value(index),
+             wire.FRAGMENT_COUNT: int_value(count),
+             wire.IDEMPOTENCY_KEY: string_value(f"fragment:{digest}:{index}")}  # fmt: skip
+    return log_record(wire.MESSAGE_FRAGMENT, attrs, _kvlist({wire.BODY_FRAGMENT_DATA: AnyValue(bytes_value=data)}))
+
+
 @st.composite
 def fragment_series(draw: st.DrawFn) -> list[LogRecord]:
     """A message in fragments as the exporter sends it, then spoiled: pieces lost, repeated, reordered or altered."""
@@ -284,15 +293,7 @@ def fragment_series(draw: st.DrawFn) -> list[LogRecord]:
     order = draw(st.lists(st.sampled_from(order), max_size=count + 2)) if draw(st.booleans()) else order
     run_id = draw(st.sampled_from(HOSTILE_RUNS))
 
-    def piece(index: int) -> LogRecord:
-        attrs = {wire.RUN_ID: string_value(run_id), wire.STEP_INDEX: int_value(0),
-                 wire.FRAGMENT_DIGEST: string_value(digest), wire.FRAGMENT_INDEX: int_value(index),
-                 wire.FRAGMENT_COUNT: int_value(count),
-                 wire.IDEMPOTENCY_KEY: string_value(f"fragment:{digest}:{index}")}  # fmt: skip
-        body = _kvlist({wire.BODY_FRAGMENT_DATA: AnyValue(bytes_value=pieces[index])})
-        return log_record(wire.MESSAGE_FRAGMENT, attrs, body)
-
-    return [piece(index) for index in order]
+    return [fragment(run_id, digest, index, count, pieces[index]) for index in order]
 
 
 EDGE_VALUES = [AnyValue(), AnyValue(int_value=-1), AnyValue(int_value=2**31), AnyValue(int_value=-(2**63)),
@@ -632,3 +633,12 @@ def test_snapshot_bases_in_a_cycle_do_not_stall_ingest(tmp_path: Path) -> None:
             assert export_beside_good(channel, [], good).problem is None
     finally:
         recorder.kill()
+
+
+def test_fragments_of_one_message_with_different_counts_are_refused_not_fatal(hostile_target) -> None:
+    recorder, channel = hostile_target
+    good, digest = GoodRecords(), hashlib.sha256(b"never whole").hexdigest()
+    pieces = [fragment("frag-counts", digest, index, count, b"x") for index, count in ((2, 6), (5, 6), (0, 2))]
+    answer = export_beside_good(channel, pieces, good)
+    assert answer.problem is None and answer.refusals == {"bad_attribute": 1}, answer
+    assert good.stored(recorder.endpoint) == 1

@@ -120,7 +120,7 @@ class StoreUnavailable(Exception):
 _REFUSED_FOR_GOOD = (
     duckdb.ConversionException, duckdb.ConstraintException, duckdb.InvalidInputException,
     duckdb.BinderException, duckdb.CatalogException, duckdb.TypeMismatchException,
-    pa.ArrowException, ValueError, TypeError, KeyError, EOFError,
+    pa.ArrowException, ValueError, TypeError, KeyError, EOFError, OverflowError,
 )  # fmt: skip
 """Errors of a logged request itself: applying it again can never succeed, so it is set aside.
 
@@ -673,11 +673,15 @@ class DuckDBStore:
             parts = self._fragments[digest] = {index: bytes(data) for index, data in rows}
         if record.index in parts:
             return False
+        if any(index >= record.count for index in parts):
+            raise Malformed(
+                "bad_attribute", f"fragment count {record.count} disagrees with pieces of this message held"
+            )
         self._make_room_for_assembly(digest, len(record.data))
         parts[record.index] = record.data
         batch.add("message_fragments", digest=digest, fragment_index=record.index,
                   fragment_count=record.count, data=record.data)  # fmt: skip
-        if len(parts) < record.count:
+        if any(index not in parts for index in range(record.count)):
             return True
         whole = b"".join(parts[i] for i in range(record.count))
         del self._fragments[digest]
