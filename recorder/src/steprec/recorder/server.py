@@ -21,7 +21,7 @@ from .ingest import LogsIngest
 from .media import DEFAULT_THRESHOLD, open_media_store
 from .metrics import serve_metrics
 from .query_service import RecorderQuery
-from .store import DuckDBStore, skip_pandas_lookups
+from .store import DEFAULT_MEMORY_LIMIT_MIB, DuckDBStore, skip_pandas_lookups
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class ServeOptions:
     data_dir: Path = Path("steprec-data")
     fsync: bool = False
     max_snapshots_per_run: int | None = None
-    duckdb_memory_mib: int = 1024
+    duckdb_memory_mib: int = DEFAULT_MEMORY_LIMIT_MIB
     """DuckDB's memory limit (page cache and queries); it spills to disk beyond it."""
     token: str | None = field(default=None, repr=False)
     """Required bearer token for every call but health checks (never printed)."""

@@ -109,6 +109,8 @@ FULL_REFS_EVERY = 32
 
 MAX_ASSEMBLY_BYTES = 1 << 30
 """Unfinished large messages the recorder holds in memory at most (1 GiB); the oldest give way."""
+DEFAULT_MEMORY_LIMIT_MIB = 1024
+"""DuckDB's memory limit unless the recorder is told otherwise (`--duckdb-memory-mib`)."""
 MAX_RUN_STATES = 10_000
 """Runs whose ingest state is kept in memory; an idle run beyond this is loaded again when it returns."""
 
@@ -148,7 +150,7 @@ class DuckDBStore:
         *,
         fsync: bool = False,
         max_snapshots_per_run: int | None = None,
-        memory_limit_mib: int = 1024,
+        memory_limit_mib: int = DEFAULT_MEMORY_LIMIT_MIB,
         media_threshold: int = DEFAULT_THRESHOLD,
         media_store: MediaStore | None = None,
     ) -> None:
