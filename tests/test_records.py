@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
@@ -11,6 +12,8 @@ from opentelemetry.sdk._logs import LoggerProvider, LogRecordProcessor, ReadWrit
 from opentelemetry.sdk.resources import Resource
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
 from steprec.exporter import _records
+from steprec.exporter import _snapshots as snapshots_module
+from steprec.exporter._history import answer_calls
 from steprec.exporter._snapshots import SnapshotEncoder
 from steprec.proto import wire
 from steprec.recorder.decode import SnapshotRecord, StepEventRecord, ToolEffectRecord, decode_request
@@ -98,12 +101,12 @@ def _history(turns: int) -> list:
 def test_snapshots_are_deltas_and_send_each_message_once() -> None:
     encoder = SnapshotEncoder()
     history = _history(1)
-    first = encoder.encode(history)
+    first = encoder.encode(encoder.keyed(history))
     assert (first.base_index, first.keep, len(first.new_messages)) == (None, 0, 3)
     encoder.commit(0, first)
 
     history += _history(2)[3:]
-    second = encoder.encode(history)
+    second = encoder.encode(encoder.keyed(history))
     assert (second.base_index, second.keep, len(second.new_messages)) == (0, 3, 2)
     assert len(second.append_refs) == 2 * wire.DIGEST_SIZE
     assert second.refs[:3] == first.refs
@@ -113,13 +116,13 @@ def test_snapshots_are_deltas_and_send_each_message_once() -> None:
 
     # A rewritten history (same length, one message replaced) keeps only the common prefix.
     rewritten = [*history[:2], ModelRequest(parts=[ToolReturnPart("echo", "changed", tool_call_id="c0")]), *history[3:]]
-    third = encoder.encode(rewritten)
+    third = encoder.encode(encoder.keyed(rewritten))
     assert third.keep == 2 and len(third.new_messages) == 1
 
 
 def test_snapshot_round_trip() -> None:
     encoder = SnapshotEncoder()
-    delta = encoder.encode(_history(1))
+    delta = encoder.encode(encoder.keyed(_history(1)))
     (snapshot,) = _round_trip(
         _records.snapshot(SCOPE, snapshot_index=0, step_index=2, state="complete", idempotency_key="0:2:complete",
                           base_index=delta.base_index, keep=delta.keep, append_refs=delta.append_refs,
@@ -150,5 +153,58 @@ def test_malformed_records_are_refused_with_a_reason(record, code) -> None:
 
 
 def test_message_json_is_plain_utf8_json() -> None:
-    delta = SnapshotEncoder().encode([ModelResponse(parts=[TextPart("héllo ✓")])])
+    encoder = SnapshotEncoder()
+    delta = encoder.encode(encoder.keyed([ModelResponse(parts=[TextPart("héllo ✓")])]))
     assert json.loads(delta.new_messages[0])["parts"][0]["content"] == "héllo ✓"
+
+
+def _settled_by_full_walk(messages: list) -> bool:
+    open_calls: set[str] = set()
+    return all(answer_calls(open_calls, m) for m in messages) and not open_calls
+
+
+def test_keyed_history_walks_only_new_messages_and_agrees_with_a_full_walk(monkeypatch) -> None:
+    """Growing, folding in a provisional request, rewriting and orphan returns: each answer matches a
+    fresh encoder's, while a growing history serialises only its new messages."""
+    rng = random.Random(7)
+    encoder = SnapshotEncoder()
+    history: list = [ModelRequest(parts=[UserPromptPart("hi")])]
+    serialised = 0
+    original = snapshots_module._key
+
+    def counting_key(message):
+        nonlocal serialised
+        serialised += 1
+        return original(message)
+
+    monkeypatch.setattr(snapshots_module, "_key", counting_key)
+    for step in range(60):
+        call = f"c{step}"
+        history.append(ModelResponse(parts=[ToolCallPart("echo", {"n": step}, tool_call_id=call)]))
+        answer = rng.choice(["return", "orphan", "none"]) if step % 10 == 9 else "return"
+        answered = call if answer == "return" else f"ghost{step}"
+        request = ModelRequest(parts=[ToolReturnPart("echo", "r", tool_call_id=answered)])
+        before = serialised
+        folded = encoder.keyed([*history, request], provisional=1)
+        # The new response, the provisional request, and last step's request (provisional then): never the history.
+        assert serialised - before <= 3
+        expected = SnapshotEncoder().keyed([*history, request], fresh=True)
+        assert (folded.refs, folded.texts, folded.settled) == (expected.refs, expected.texts, expected.settled)
+        assert folded.settled == _settled_by_full_walk([*history, request])
+        if answer != "none":
+            history.append(request)
+        if step == 30:  # a history processor drops the oldest turn: of the kept messages, only the one
+            history = [history[0], *history[3:]]  # provisional when last seen is serialised again
+            before = serialised
+            rewritten = encoder.keyed(history)
+            assert serialised - before == 1
+            assert rewritten.refs == SnapshotEncoder().keyed(history).refs
+
+
+def test_keyed_history_sees_in_place_edits_only_when_fresh() -> None:
+    encoder = SnapshotEncoder()
+    history = _history(2)
+    first = encoder.keyed(history)
+    history[2].parts[0].content = "edited"
+    assert encoder.keyed(history).refs == first.refs  # same objects: taken as unchanged, like any identity cache
+    assert encoder.keyed(history, fresh=True).refs != first.refs

@@ -15,7 +15,7 @@ from opentelemetry._logs import LogRecord
 from pydantic_ai import CallToolsNode, ModelRequestNode
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
 from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
-from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.messages import ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
@@ -26,11 +26,11 @@ from . import _records
 from ._context import active_recording, live_history
 from ._delivery import Delivery
 from ._events import SnapshotSaved
-from ._history import has_model_response, is_settled
+from ._history import has_model_response
 from ._identity import check_run_id, derive_run_id
 from ._pipeline import DeliveryOptions, RecorderPipeline, default_spool_dir, pipeline_for
 from ._records import ErrorText
-from ._snapshots import SnapshotEncoder
+from ._snapshots import Keyed, SnapshotEncoder
 
 DEFAULT_ENDPOINT = "127.0.0.1:4317"
 _RESEND_WHOLE = {"refused:unknown_message", "refused:unknown_base"}
@@ -350,26 +350,18 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         refusal = pipeline.delivery.pop_refusal(record)
         return f"refused:{refusal.code}" if refusal is not None else delivery
 
-    async def _save_snapshot(
-        self,
-        ctx: RunContext[AgentDepsT],
-        messages: list[ModelMessage],
-        step_index: int,
-        *,
-        fresh: bool = False,
-        provisional: int = 0,
-    ) -> None:
+    async def _save_snapshot(self, ctx: RunContext[AgentDepsT], history: Keyed, step_index: int) -> None:
         """Send a snapshot and wait for its acknowledgement: this is the resume point after a crash.
 
-        Serialising here copies the history, so later changes to the live list
-        cannot alter what was saved.
+        The history arrives serialised (`SnapshotEncoder.keyed`), a copy, so later changes to the
+        live list cannot alter what was saved.
         """
         _, scope = self.recording
-        state = "complete" if is_settled(messages) else "interrupted"
+        state = "complete" if history.settled else "interrupted"
         snapshot_index = self._snapshot_sequence
         self._snapshot_sequence += 1
         for attempt in range(2):
-            delta = self._encoder.encode(messages, fresh=fresh, provisional=provisional)
+            delta = self._encoder.encode(history)
             delivery = await self._persist_snapshot(
                 snapshot_index=snapshot_index,
                 step_index=step_index,
@@ -492,10 +484,10 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         The comparison re-serialises the final history, so a capability that
         rewrote messages in place (same length, new content) is caught too.
         """
-        messages = result.all_messages()
-        if self._encoder.refs(messages, fresh=True) != self._encoder.previous_refs and is_settled(messages):
+        history = self._encoder.keyed(result.all_messages(), fresh=True)
+        if history.refs != self._encoder.previous_refs and history.settled:
             step = self._last_snapshot_step if self._last_snapshot_step is not None else ctx.run_step
-            await self._save_snapshot(ctx, list(messages), step)
+            await self._save_snapshot(ctx, history, step)
         await self._record_event(ctx, "run_completed", durable=True)
         return result
 
@@ -510,7 +502,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         if stashed is not None:
             captured = list(stashed[0])
             if has_model_response(captured) or (self.capture_frontier and captured):
-                await self._save_snapshot(ctx, captured, stashed[1], fresh=True)
+                await self._save_snapshot(ctx, self._encoder.keyed(captured, fresh=True), stashed[1])
         await self._record_event(ctx, "run_failed", error=error, durable=True)
         raise error
 
@@ -521,7 +513,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     ) -> ModelRequestContext:
         if self.capture_frontier:
             live_history.set((ctx.messages, ctx.run_step))
-            await self._save_snapshot(ctx, list(ctx.messages), ctx.run_step)
+            await self._save_snapshot(ctx, self._encoder.keyed(ctx.messages), ctx.run_step)
         await self._record_event(ctx, "model_request_started")
         return request_context
 
@@ -599,15 +591,15 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         candidate is a new list so the stash never sees `result.request` twice.
         """
         live_history.set((ctx.messages, ctx.run_step))
-        messages = list(ctx.messages)
         if self.capture_frontier and isinstance(node, ModelRequestNode):
-            await self._save_snapshot(ctx, messages, ctx.run_step)
+            await self._save_snapshot(ctx, self._encoder.keyed(ctx.messages), ctx.run_step)
         if isinstance(node, CallToolsNode):
-            folded = isinstance(result, ModelRequestNode)
-            if folded:
-                messages = [*messages, result.request]
-            if is_settled(messages):
-                await self._save_snapshot(ctx, messages, ctx.run_step, provisional=int(folded))
+            if isinstance(result, ModelRequestNode):
+                history = self._encoder.keyed([*ctx.messages, result.request], provisional=1)
+            else:
+                history = self._encoder.keyed(ctx.messages)
+            if history.settled:
+                await self._save_snapshot(ctx, history, ctx.run_step)
         return result
 
 

@@ -5,26 +5,22 @@ from __future__ import annotations
 from pydantic_ai.messages import ModelMessage, ModelResponse, RetryPromptPart, ToolCallPart, ToolReturnPart
 
 
-def is_settled(messages: list[ModelMessage]) -> bool:
-    """True when every tool call has exactly one matching return, in order (the reference's `is_provider_valid`).
+def answer_calls(open_calls: set[str], message: ModelMessage) -> bool:
+    """Fold one message into the tool calls still open before it; False if it answers a call never made.
 
-    A settled history snapshots as `complete`; anything else is `interrupted`.
-    A tool-bound `RetryPromptPart` answers its call like a return does.
+    Settledness is the reference's `is_provider_valid`: every tool call has exactly one matching
+    return, in order, and a tool-bound `RetryPromptPart` answers its call like a return does. Folding
+    one message at a time lets a growing history be checked in the time its new messages take.
     """
-    open_calls: set[str] = set()
-    for message in messages:
-        if isinstance(message, ModelResponse):
-            open_calls.update(p.tool_call_id for p in message.parts if isinstance(p, ToolCallPart))
-            continue
-        for part in message.parts:
-            answers_call = isinstance(part, ToolReturnPart) or (
-                isinstance(part, RetryPromptPart) and part.tool_name is not None
-            )
-            if answers_call:
-                if part.tool_call_id not in open_calls:
-                    return False
-                open_calls.discard(part.tool_call_id)
-    return not open_calls
+    if isinstance(message, ModelResponse):
+        open_calls.update(p.tool_call_id for p in message.parts if isinstance(p, ToolCallPart))
+        return True
+    for part in message.parts:
+        if isinstance(part, ToolReturnPart) or (isinstance(part, RetryPromptPart) and part.tool_name is not None):
+            if part.tool_call_id not in open_calls:
+                return False
+            open_calls.discard(part.tool_call_id)
+    return True
 
 
 def has_model_response(messages: list[ModelMessage]) -> bool:

@@ -1,10 +1,10 @@
 """Snapshots as deltas over content-addressed messages: linear, not quadratic, in run length.
 
-A history at step N holds O(N) messages; sending or hashing all of them at
-every step costs O(N²) over a run. Here each message object is serialised and
-hashed once (cached by identity, holding a reference so the id stays unique),
-its JSON is sent once per run, and a snapshot says only "keep the first k
-references of the previous snapshot, then append these".
+A history at step N holds O(N) messages; serialising, hashing or even walking all of them in
+Python at every step costs O(N²) over a run. Here each message is serialised and hashed once,
+its JSON is sent once per run, and a snapshot says only "keep the first k references of the
+previous snapshot, then append these". What a step pays is its new messages plus one C-speed
+identity comparison of the history with the one seen before.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
 from pydantic_ai.messages import ModelMessage
+
+from ._history import answer_calls
 
 _MESSAGE = TypeAdapter(ModelMessage)
 
@@ -29,56 +31,100 @@ class SnapshotDelta:
     refs: tuple[bytes, ...]
 
 
-def _common_prefix(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+@dataclass(frozen=True)
+class Keyed:
+    """A history with each message's digest and JSON, and whether all its tool work is settled."""
+
+    refs: tuple[bytes, ...]
+    texts: tuple[str, ...]
+    settled: bool
+
+
+def _key(message: ModelMessage) -> tuple[bytes, str]:
+    text = _MESSAGE.dump_json(message).decode()
+    return hashlib.sha256(text.encode()).digest(), text
+
+
+@dataclass
+class _Scanned:
+    """The settled history the last call walked: its message objects (held, so they stay what they
+    were), their keys, and the tool calls still open after them (None once one was answered that
+    was never made: no extension of such a history is settled)."""
+
+    messages: list[ModelMessage] = field(default_factory=list)
+    refs: list[bytes] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    open_calls: set[str] | None = field(default_factory=set)
+
+    def shared_prefix(self, messages: list[ModelMessage]) -> int:
+        """How many leading messages of `messages` were walked already (the same objects, or equal ones)."""
+        n = len(self.messages)
+        if len(messages) >= n and messages[:n] == self.messages:  # list equality tries identity first, in C
+            return n
+        return 0
+
+    def by_identity(self) -> dict[int, tuple[bytes, str]]:
+        return {id(m): key for m, key in zip(self.messages, zip(self.refs, self.texts, strict=True), strict=True)}
 
 
 @dataclass
 class SnapshotEncoder:
     """Per-run state that turns message lists into `SnapshotDelta`s."""
 
-    _digest_by_id: dict[int, tuple[ModelMessage, bytes, str]] = field(default_factory=dict)
+    _scanned: _Scanned = field(default_factory=_Scanned)
     _sent: set[bytes] = field(default_factory=set)
     _previous_refs: tuple[bytes, ...] = ()
     _previous_index: int | None = None
 
-    def _digest(self, message: ModelMessage, *, fresh: bool, cache: bool = True) -> tuple[bytes, str]:
-        cached = None if fresh or not cache else self._digest_by_id.get(id(message))
-        if cached is None:
-            text = _MESSAGE.dump_json(message).decode()
-            cached = (message, hashlib.sha256(text.encode()).digest(), text)
-            if cache:
-                self._digest_by_id[id(message)] = cached
-        return cached[1], cached[2]
+    def keyed(self, messages: list[ModelMessage], *, fresh: bool = False, provisional: int = 0) -> Keyed:
+        """Digest, JSON and settledness of `messages`, walking only what was not walked before.
 
-    def refs(self, messages: list[ModelMessage], *, fresh: bool = False) -> tuple[bytes, ...]:
-        """The content references of `messages`; `fresh` re-serialises to catch in-place edits."""
-        return tuple(self._digest(m, fresh=fresh)[0] for m in messages)
+        `fresh` walks everything again, to catch messages edited in place. The last `provisional`
+        messages are not in the run's history yet (a tool-return request folded in ahead of the
+        graph) and pydantic-ai still stamps them when it appends them, so they are keyed without
+        being kept: the next call sees their final content.
+        """
+        settled = len(messages) - provisional
+        known: dict[int, tuple[bytes, str]] = {}
+        if fresh or not (done := self._scanned.shared_prefix(messages[:settled])):
+            if not fresh:  # rewritten (a history processor, say): messages kept from before need no new JSON
+                known = self._scanned.by_identity()
+            self._scanned, done = _Scanned(), 0
+        scanned = self._scanned
+        for message in messages[done:settled]:
+            scanned.messages.append(message)
+            digest, text = known.get(id(message)) or _key(message)
+            scanned.refs.append(digest)
+            scanned.texts.append(text)
+            if scanned.open_calls is not None and not answer_calls(scanned.open_calls, message):
+                scanned.open_calls = None
+        refs, texts, open_calls = list(scanned.refs), list(scanned.texts), scanned.open_calls
+        if provisional and open_calls is not None:
+            open_calls = set(open_calls)
+        for message in messages[settled:]:
+            digest, text = _key(message)
+            refs.append(digest)
+            texts.append(text)
+            if open_calls is not None and not answer_calls(open_calls, message):
+                open_calls = None
+        return Keyed(tuple(refs), tuple(texts), settled=open_calls is not None and not open_calls)
 
     @property
     def previous_refs(self) -> tuple[bytes, ...]:
         return self._previous_refs
 
-    def encode(self, messages: list[ModelMessage], *, fresh: bool = False, provisional: int = 0) -> SnapshotDelta:
-        """The delta of `messages` against the previous snapshot; call `commit` once it is emitted.
-
-        The last `provisional` messages are not in the run's history yet (a
-        tool-return request folded in ahead of the graph) and pydantic-ai still
-        stamps them when it appends them, so they are serialised without being
-        cached: the next snapshot sees their final content.
-        """
-        settled = len(messages) - provisional
-        keyed = [self._digest(m, fresh=fresh, cache=i < settled) for i, m in enumerate(messages)]
-        refs = tuple(digest for digest, _ in keyed)
-        keep = _common_prefix(self._previous_refs, refs) if self._previous_index is not None else 0
+    def encode(self, keyed: Keyed) -> SnapshotDelta:
+        """The delta of a keyed history against the previous snapshot; call `commit` once it is emitted."""
+        refs, previous = keyed.refs, self._previous_refs
+        if self._previous_index is None:
+            keep = 0
+        elif refs[: len(previous)] == previous:
+            keep = len(previous)
+        else:
+            keep = next((i for i, (a, b) in enumerate(zip(previous, refs, strict=False)) if a != b), len(refs))
         new_messages = []
         announced = set()
-        for digest, text in keyed[keep:]:
+        for digest, text in zip(refs[keep:], keyed.texts[keep:], strict=True):
             if digest not in self._sent and digest not in announced:
                 announced.add(digest)
                 new_messages.append(text)
@@ -96,6 +142,6 @@ class SnapshotEncoder:
         self._previous_refs, self._previous_index = (), None
 
     def commit(self, snapshot_index: int, delta: SnapshotDelta) -> None:
-        self._sent.update(delta.refs)
+        self._sent.update(delta.refs[delta.keep :])
         self._previous_refs = delta.refs
         self._previous_index = snapshot_index

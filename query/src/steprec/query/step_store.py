@@ -315,9 +315,10 @@ class RecorderStepStore:
         async with state.lock:
             snapshot_index = state.index_for(key)
             replay = state.may_be_replay(key)
+            # The harness hands over deep copies, so keeping serialisations by identity would only hold memory.
+            history = state.encoder.keyed(snapshot.messages, provisional=len(snapshot.messages))
             for attempt in range(2):
-                # The harness hands over deep copies, so caching serialisations by identity would only hold memory.
-                delta = state.encoder.encode(snapshot.messages, provisional=len(snapshot.messages))
+                delta = state.encoder.encode(history)
                 inline, fragments = _records.split_large_messages(
                     scope, step_index=snapshot.step_index, new_messages=delta.new_messages
                 )
