@@ -52,7 +52,7 @@ from steprec.query import client as query_client
 from steprec.recorder import query_service
 from steprec.recorder.process import RecorderProcess
 from steprec.recorder.server import DATABASE_NAME
-from steprec.recorder.sql import DESCENDANTS, UNLIMITED
+from steprec.recorder.sql import UNLIMITED
 from steprec.recorder.store import DuckDBStore, skip_pandas_lookups
 
 from benchmarks.common import (
@@ -408,7 +408,7 @@ def profile(data_dir: Path, runs: int, conversations: list[str], long_run: str) 
     }
     for root in [*tree_roots(runs), 0]:
         reads[f"run_tree:{root}"] = (lambda r=root: store.run_tree(run_id(r), ancestors=False), 5)
-        reads[f"descendants:{root}"] = (lambda r=root: b"".join(store.query(DESCENDANTS, UNLIMITED, (run_id(r),))), 5)
+        reads[f"descendants:{root}"] = (lambda r=root: b"".join(store.descendants(run_id(r), UNLIMITED)), 5)
     out: dict[str, Any] = {}
     try:
         for name, (call, repeats) in reads.items():

@@ -264,7 +264,8 @@ def test_a_version_1_file_gains_run_endings_from_its_events(tmp_path: Path) -> N
     # Make it the file a schema-1 recorder left: no run_endings table, version 1 recorded.
     old = duckdb.connect(str(path))
     old.execute("DROP TABLE run_endings")
-    old.execute("DELETE FROM steprec_schema WHERE version = 2")
+    old.execute("DROP TABLE run_ancestry")
+    old.execute("DELETE FROM steprec_schema WHERE version >= 2")
     old.close()
     store = DuckDBStore(path)
     (run,) = store.list_runs(run_id="run-1")

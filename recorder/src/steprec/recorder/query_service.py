@@ -5,13 +5,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Callable
+from functools import partial
 
 import grpc
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 
 from .media import MediaCorrupt, is_media_uri
-from .sql import DESCENDANTS, EXPORTS, UNLIMITED, QueryLimits, SqlRefused, SqlTimeout, check_query
+from .sql import (
+    EXPORTS,
+    TREE_TIMEOUT_SECONDS,
+    UNLIMITED,
+    QueryLimits,
+    QueryRun,
+    SqlRefused,
+    SqlTimeout,
+    check_query,
+)  # fmt: skip
 from .store import DuckDBStore
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -157,7 +168,12 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
 
     async def GetRunTree(self, request: pb.GetRunTreeRequest, context):  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)
-        rows = await asyncio.to_thread(self._store.run_tree, run_id, ancestors=request.ancestors)
+        try:
+            rows = await asyncio.to_thread(
+                self._store.run_tree, run_id, ancestors=request.ancestors, timeout_seconds=TREE_TIMEOUT_SECONDS
+            )
+        except SqlTimeout as error:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(error))
         if not rows or rows[0]["run_id"] != run_id:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no run {run_id!r} was recorded")
         for start in range(0, len(rows), _TREE_PAGE):
@@ -166,7 +182,8 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
 
     async def GetDescendants(self, request: pb.GetDescendantsRequest, context):  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)
-        async for chunk in self._arrow(context, DESCENDANTS, UNLIMITED, params=(run_id,), counted=False):
+        limits = QueryLimits(max_rows=None, timeout_seconds=TREE_TIMEOUT_SECONDS)
+        async for chunk in self._arrow(context, partial(self._store.descendants, run_id, limits), counted=False):
             yield chunk
 
     async def ListEvents(self, request: pb.ListEventsRequest, context) -> pb.ListEventsResponse:  # noqa: N802
@@ -245,7 +262,7 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
             limits = QueryLimits.requested(request.max_rows, request.timeout_seconds)
         except SqlRefused as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        async for chunk in self._arrow(context, query, limits):
+        async for chunk in self._arrow(context, partial(self._store.query, query, limits)):
             yield chunk
 
     async def ExportView(self, request: pb.ExportViewRequest, context):  # noqa: N802
@@ -253,11 +270,11 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"{request.view[:80]!r} is not one of {', '.join(EXPORTS)}"
             )
-        async for chunk in self._arrow(context, EXPORTS[request.view][0], UNLIMITED):
+        async for chunk in self._arrow(context, partial(self._store.query, EXPORTS[request.view][0], UNLIMITED)):
             yield chunk
 
-    async def _arrow(self, context, query: str, limits: QueryLimits, *, params: tuple = (), counted: bool = True):
-        """Run a query in worker threads, one batch at a time, as ArrowChunks; errors become statuses.
+    async def _arrow(self, context, start: Callable[[], QueryRun], *, counted: bool = True):
+        """Run the query `start` begins in worker threads, one batch at a time, as ArrowChunks; errors become statuses.
 
         `counted` queries (SQL, exports) share the concurrency limit; the recorder's own reads do not.
         When the caller goes away mid-stream the query is interrupted, and its cursor closed only
@@ -268,7 +285,7 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"{_MAX_QUERIES} SQL queries are running; try again shortly"
             )
         async with self._queries if counted else contextlib.nullcontext():
-            run = await asyncio.to_thread(self._store.query, query, limits, params)
+            run = await asyncio.to_thread(start)
             batches, step = iter(run), None
             try:
                 while True:

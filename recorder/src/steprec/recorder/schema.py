@@ -7,11 +7,24 @@ in a DuckLake lake, which has no constraints. Indexes exist only for speed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import duckdb
 
-SCHEMA_VERSION = 2
+from . import tree
 
-_MIGRATIONS: dict[int, str] = {
+SCHEMA_VERSION = 3
+
+
+def _place_runs(connection: duckdb.DuckDBPyConnection) -> None:
+    """Schema v3: each run's place in the run forest (tree.py), computed for the runs already stored."""
+    connection.execute(tree.TABLE)
+    tree.link(
+        connection, connection.execute("SELECT run_id, parent_run_id, forked_from_run_id FROM runs").to_arrow_table()
+    )
+
+
+_MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: """
     CREATE TABLE runs (
         write_seq BIGINT NOT NULL,
@@ -115,6 +128,8 @@ _MIGRATIONS: dict[int, str] = {
         SELECT write_seq, run_id, kind, recorded_at FROM events WHERE kind IN ('run_completed', 'run_failed');
     CREATE INDEX run_endings_run_id ON run_endings (run_id);
     """,
+    # Where each run stands in the run forest, kept at ingest: reading a tree is then a filter, not a walk.
+    3: _place_runs,
 }
 
 
@@ -128,7 +143,11 @@ def migrate(connection: duckdb.DuckDBPyConnection) -> int:
         )
     for version in range(current + 1, SCHEMA_VERSION + 1):
         connection.execute("BEGIN")
-        connection.execute(_MIGRATIONS[version])
+        migration = _MIGRATIONS[version]
+        if callable(migration):
+            migration(connection)
+        else:
+            connection.execute(migration)
         connection.execute("INSERT INTO steprec_schema VALUES (?, now())", [version])
         connection.execute("COMMIT")
     return SCHEMA_VERSION

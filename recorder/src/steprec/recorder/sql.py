@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
+
+from .tree import LINKS, MAX_TREE_DEPTH
 
 OUTCOME = "CASE {kind} WHEN 'run_completed' THEN 'completed' WHEN 'run_failed' THEN 'failed' ELSE 'running' END"
 """A run's outcome from the kind of its last run-ending event (NULL while it runs)."""
@@ -43,34 +45,31 @@ TOOL_LEDGER = """
 """
 """The tool-effect ledger: per call the latest status wins, and annotations survive later records."""
 
-RUN_EDGES = (
-    "SELECT parent_run_id AS from_run_id, run_id, 'child' AS relation FROM main.runs WHERE parent_run_id IS NOT NULL"
-    " UNION ALL SELECT forked_from_run_id, run_id, 'fork' FROM main.runs WHERE forked_from_run_id IS NOT NULL"
-)
+RUN_EDGES = LINKS.format(runs="main.runs")
 """Every link of the run forest: a delegate under the run whose tool started it, a fork under its origin."""
 
-MAX_TREE_DEPTH = 10_000
-
-DESCENDANT_STEP = "SELECT e.run_id, t.depth + 1 FROM tree t JOIN edges e ON e.from_run_id = t.run_id"
-ANCESTOR_STEP = (
-    "SELECT p.parent_run_id, t.depth + 1 FROM tree t JOIN main.runs p ON p.run_id = t.run_id"
-    " AND p.parent_run_id IS NOT NULL"
-)
-TREE_WALK = (
-    f"WITH RECURSIVE edges AS ({RUN_EDGES}),"
-    " tree(run_id, depth) USING KEY (run_id) AS (SELECT ?::VARCHAR, 0 UNION"
-    " SELECT found.run_id, found.depth FROM ({step}) found(run_id, depth)"
-    f" WHERE found.depth <= {MAX_TREE_DEPTH} AND found.run_id NOT IN (SELECT run_id FROM recurring.tree)),"
+ANCESTORS = (
+    "WITH RECURSIVE tree(run_id, depth) USING KEY (run_id) AS (SELECT ?::VARCHAR, 0 UNION"
+    " SELECT p.parent_run_id, t.depth + 1 FROM tree t JOIN main.runs p ON p.run_id = t.run_id"
+    f" WHERE p.parent_run_id IS NOT NULL AND t.depth < {MAX_TREE_DEPTH}"
+    " AND p.parent_run_id NOT IN (SELECT run_id FROM recurring.tree)),"
     " depths AS (SELECT run_id, depth FROM tree)"
 )
-"""`depths`: one run (the `?` parameter) and, by `step`, its descendants or its ancestors, each at its
-least depth. A breadth-first walk that steps only onto runs it has not reached (`recurring.tree`, the
-rows so far): so it ends after the last new run even when parent and fork links form a cycle, which a
-stranger can send (UNION on (run, depth) went round a cycle to depth 10,000, over 30 s per read).
-Every step is a hash join, so a 100,000-run tree is one query."""
+"""`depths`: one run (the `?` parameter) and the runs above it by parent links, each at its least depth. A
+walk that steps only onto runs it has not reached (`recurring.tree`), so it ends even when parent links form
+a cycle, which a stranger can send."""
+
+DESCENDANT_DEPTHS = (
+    "WITH depths AS (SELECT ?::VARCHAR AS run_id, 0 AS depth"
+    " UNION ALL SELECT run_id, depth FROM main.run_ancestry WHERE ancestor_run_id = ?"
+    " UNION ALL SELECT run_id, depth FROM deeper)"
+)
+"""`depths`: one run (both `?` parameters) and every run below it, each at its least depth: a filter on the
+ancestry kept at ingest (tree.py), plus `deeper`, the Arrow table of `tree.deeper_descendants` the caller
+registers (descendants more than tree.HOP_LIMIT links down, usually none)."""
 
 DESCENDANTS = f"""
-    {TREE_WALK.format(step=DESCENDANT_STEP)}
+    {DESCENDANT_DEPTHS}
     SELECT r.run_id, d.depth, r.parent_run_id, r.forked_from_run_id, r.forked_from_snapshot_index,
            r.conversation_id, r.agent_name, r.started_at, x.ended_at, {OUTCOME.format(kind="x.kind")} AS outcome
     FROM main.runs r JOIN depths d ON r.run_id = d.run_id
@@ -179,6 +178,8 @@ DEFAULT_MAX_ROWS = 10_000
 MAX_ROWS = 1_000_000
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 300.0
+TREE_TIMEOUT_SECONDS = 30.0
+"""A run-tree read (GetDescendants, GetRunTree) is interrupted after this; the caller gets DEADLINE_EXCEEDED."""
 MAX_QUERY_CHARS = 100_000
 BATCH_ROWS = 4096
 
@@ -259,48 +260,69 @@ def _ipc(batch: pa.RecordBatch | None, schema: pa.Schema) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-class QueryRun:
-    """One query over a read cursor: Arrow IPC streams batch by batch, then whether rows were cut off.
+class Deadline:
+    """A time limit on a cursor: from `seconds` on, its statements are interrupted until `close`.
 
-    Iterate it from one thread at a time (the servicer steps it from worker threads);
-    `cancel` may be called from any thread, and `close` ends it whatever state it is in.
+    Interrupted again every 50 ms: an interrupt that lands before a query starts executing is
+    lost, and a limit of a few microseconds made exactly that happen, so the query then ran
+    without any limit (found by reliability/fuzz.py: a recursive CTE that never ends).
     """
 
-    def __init__(self, cursor: duckdb.DuckDBPyConnection, query: str, limits: QueryLimits, params: tuple = ()) -> None:
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, seconds: float | None) -> None:
+        self.seconds = seconds
         self._cursor = cursor
-        self._params = list(params)
-        self._limits = limits
-        self.truncated = False
-        self._timed_out = threading.Event()
+        self.expired = threading.Event()
         self._closed = threading.Event()
         self._timer = None
-        if limits.timeout_seconds is not None:
-            self._timer = threading.Timer(limits.timeout_seconds, self._time_out)
+        if seconds is not None:
+            self._timer = threading.Timer(seconds, self._expire)
             self._timer.daemon = True
             self._timer.start()
-        self._query = query
 
-    def _time_out(self) -> None:
-        """Interrupt DuckDB at the limit, and again every 50 ms until the run is closed.
-
-        An interrupt that lands before the query starts executing is lost: a limit of a few
-        microseconds made exactly that happen, and the query then ran without any limit
-        (found by reliability/fuzz.py: a recursive CTE that never ends).
-        """
-        self._timed_out.set()
+    def _expire(self) -> None:
+        self.expired.set()
         while True:
             with contextlib.suppress(duckdb.Error):  # closing under us: nothing left to stop
                 self._cursor.interrupt()
             if self._closed.wait(0.05):
                 return
 
-    def cancel(self) -> None:
-        self._cursor.interrupt()
-
     def close(self) -> None:
         self._closed.set()
         if self._timer is not None:
             self._timer.cancel()
+
+
+class QueryRun:
+    """One query over a read cursor: Arrow IPC streams batch by batch, then whether rows were cut off.
+
+    Iterate it from one thread at a time (the servicer steps it from worker threads);
+    `cancel` may be called from any thread, and `close` ends it whatever state it is in.
+    `prepare`, if given, runs on the cursor inside the query's read transaction and time limit
+    first (it registers what the query reads besides the database).
+    """
+
+    def __init__(
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        query: str,
+        limits: QueryLimits,
+        params: tuple = (),
+        prepare: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+    ) -> None:
+        self._cursor = cursor
+        self._params = list(params)
+        self._limits = limits
+        self._prepare = prepare
+        self.truncated = False
+        self._deadline = Deadline(cursor, limits.timeout_seconds)
+        self._query = query
+
+    def cancel(self) -> None:
+        self._cursor.interrupt()
+
+    def close(self) -> None:
+        self._deadline.close()
         self._cursor.close()
 
     def __iter__(self) -> Iterator[bytes]:
@@ -313,13 +335,15 @@ class QueryRun:
         try:
             yield from self._batches()
         except (duckdb.Error, pa.ArrowException, OSError) as error:
-            if self._timed_out.is_set():
+            if self._deadline.expired.is_set():
                 raise SqlTimeout(f"the query ran past its {self._limits.timeout_seconds:g} s time limit") from None
             raise SqlRefused(_first_line(error)) from None
 
     def _batches(self) -> Iterator[bytes]:
         self._cursor.execute("SET search_path = 'recorded'")
         self._cursor.execute("BEGIN TRANSACTION READ ONLY")
+        if self._prepare is not None:
+            self._prepare(self._cursor)
         reader = self._cursor.execute(self._query, self._params or None).to_arrow_reader(BATCH_ROWS)
         remaining, sent = self._limits.max_rows, False
         for batch in reader:

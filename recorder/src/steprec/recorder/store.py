@@ -57,16 +57,19 @@ from .metrics import Metrics
 from .run_state import RunState, retained_snapshots, split_refs
 from .schema import migrate
 from .sql import (
-    ANCESTOR_STEP,
-    DESCENDANT_STEP,
+    ANCESTORS,
+    DESCENDANT_DEPTHS,
+    DESCENDANTS,
     OUTCOME,
     RUN_ENDINGS,
-    TREE_WALK,
+    Deadline,
     QueryLimits,
     QueryRun,
+    SqlTimeout,
     install_views,
     lock_down,
 )
+from .tree import deeper_descendants, link, unlink
 from .wal import WriteAheadLog
 
 logger = logging.getLogger(__name__)
@@ -251,6 +254,8 @@ class DuckDBStore:
         try:
             cursor.execute("BEGIN")
             insert(cursor, tables)
+            if "runs" in tables:  # their places in the run forest, and their late children's
+                link(cursor, tables["runs"])
             if assembled:  # the whole message is in `messages` now; its pieces are redundant
                 cursor.execute("DELETE FROM message_fragments WHERE list_contains(?, digest)", [assembled])
             if pruned:
@@ -404,6 +409,7 @@ class DuckDBStore:
                         f"SELECT count(*) FROM {table} WHERE list_contains(?::VARCHAR[], run_id)", [run_ids]
                     ).fetchone()[0]
                     cursor.execute(f"DELETE FROM {table} WHERE list_contains(?::VARCHAR[], run_id)", [run_ids])
+                unlink(cursor, run_ids)
                 referenced = pa.table({"digest": pa.array(list(_referenced_digests(cursor)), pa.binary())})
                 cursor.register("referenced", referenced)
                 messages, message_bytes = cursor.execute(
@@ -958,13 +964,20 @@ class DuckDBStore:
                               [outcome])  # fmt: skip
         return self._runs("", chosen, params, f"ORDER BY started_at_ns, write_seq{bound}", [])
 
-    def _runs(self, prefix: str, chosen: str, params: list, tail: str, tail_params: list) -> list[dict]:
+    def _runs(
+        self, prefix: str, chosen: str, params: list, tail: str, tail_params: list, *,
+        timeout_seconds: float | None = None, prepare=None,
+    ) -> list[dict]:  # fmt: skip
         """The runs `chosen` selects (all columns of `runs`, plus `depth`), with their outcome and end.
 
         Only the chosen runs' events are scanned, so a lookup costs the same in a store of any size.
+        Past `timeout_seconds` the read is interrupted (SqlTimeout); `prepare` runs on its cursor first.
         """
         cursor = self.cursor()
+        deadline = Deadline(cursor, timeout_seconds)
         try:
+            if prepare is not None:
+                prepare(cursor)
             return _dicts(
                 cursor.execute(
                     f"""
@@ -981,14 +994,29 @@ class DuckDBStore:
                     params + tail_params,
                 )
             )
+        except duckdb.Error:
+            if deadline.expired.is_set():
+                raise SqlTimeout(f"the read ran past its {timeout_seconds:g} s time limit") from None
+            raise
         finally:
+            deadline.close()
             cursor.close()
 
-    def run_tree(self, run_id: str, *, ancestors: bool) -> list[dict]:
-        """The run with its descendants and forks (or its ancestors), each row with its `depth` from the run."""
-        prefix = TREE_WALK.format(step=ANCESTOR_STEP if ancestors else DESCENDANT_STEP)
+    def run_tree(self, run_id: str, *, ancestors: bool, timeout_seconds: float | None = None) -> list[dict]:
+        """The run with its descendants and forks (or its ancestors), each row with its `depth` from the run.
+
+        Descendants are a filter on the ancestry kept at ingest (tree.py); ancestors walk the parent links.
+        """
         chosen = "SELECT r.*, d.depth FROM runs r JOIN depths d ON r.run_id = d.run_id"
-        return self._runs(prefix, chosen, [run_id], "ORDER BY depth, started_at_ns, write_seq", [])
+        order = "ORDER BY depth, started_at_ns, write_seq"
+        if ancestors:
+            return self._runs(ANCESTORS, chosen, [run_id], order, [], timeout_seconds=timeout_seconds)
+        return self._runs(DESCENDANT_DEPTHS, chosen, [run_id, run_id], order, [], timeout_seconds=timeout_seconds,
+                          prepare=_deeper_registration(run_id))  # fmt: skip
+
+    def descendants(self, run_id: str, limits: QueryLimits) -> QueryRun:
+        """The run and everything below it as Arrow (sql.DESCENDANTS), under `limits`."""
+        return QueryRun(self.cursor(), DESCENDANTS, limits, (run_id, run_id), prepare=_deeper_registration(run_id))
 
     def read_media(self, uri: str) -> bytes | None:
         """A blob a stored message refers to, checked against its digest; None for any other URI.
@@ -1058,6 +1086,15 @@ class _CursorOnDemand:
     def close(self) -> None:
         if self._cursor is not None:
             self._cursor.close()
+
+
+def _deeper_registration(run_id: str):
+    """What a descendants read registers first: its descendants beyond one ancestry lookup, as `deeper`."""
+
+    def register(cursor: duckdb.DuckDBPyConnection) -> None:
+        cursor.register("deeper", deeper_descendants(cursor, run_id))
+
+    return register
 
 
 def _run_key(run_id: str) -> bytes:
