@@ -162,7 +162,43 @@ DANGEROUS = [
     "SELECT current_setting('enable_external_access')", "SELECT getenv('HOME')", "EXPLAIN ANALYZE SELECT 1",
 ]  # fmt: skip
 """Statements that would write, read files, escape the sandbox or run long, as seeds for mutation."""
+AMPLIFIERS = [
+    ("SELECT len(range(1000000000))", r"range\(\) with a list of 1,000,000,000 is refused"),
+    ("SELECT count(*) FROM (SELECT unnest(generate_series(1, 300000000)))", r"generate_series\(\) with a list of"),
+    ("SELECT len(range(TIMESTAMP '2020-01-01', TIMESTAMP '2030-01-01', INTERVAL 1 SECOND))", "integer constants"),
+    ("SELECT len(repeat('a', 3000000000))", r"repeat\(\) with a length of 3,000,000,000 is refused"),
+    ("SELECT len(repeat([1], 300000000))", r"repeat\(\) with a length of 300,000,000"),
+    ("SELECT len(repeat(run_id, n)) FROM runs, (SELECT 10 AS n)", "not an integer constant"),
+    ("SELECT len(repeat(message, 1000)) FROM messages", r"repeat\(\) with a length of 1,000"),
+    ("SELECT len(lpad('a', 2000000000, 'b'))", r"lpad\(\) with a length of 2,000,000,000"),
+    ("SELECT len(rpad('a', 2000000000, 'b'))", r"rpad\(\) with a length of 2,000,000,000"),
+    ("SELECT len(list_resize([1], 300000000))", r"list_resize\(\) with a length of 300,000,000"),
+    ("SELECT len(array_resize([1], 300000000, 0))", r"list_resize\(\) with a length of 300,000,000"),
+    ("SELECT len(printf('%2000000000d', 1))", r"printf\(\) could build a value of 2,000,000,0"),
+    ("SELECT len(format('{:>2000000000}', 1))", r"format\(\) could build a value of 2,000,000,0"),
+    ("SELECT len(printf('%*d', 2000000000, 1))", "width or precision taken from an argument"),
+    ("SELECT len(format('{:>{}}', 1, 2000000000))", "width or precision taken from an argument"),
+    ("SELECT len(printf(run_id, 1)) FROM runs", "not a constant string"),
+    ("WITH a AS (SELECT repeat('a', 100000) s) SELECT len(regexp_replace(s, '', repeat('b', 1000), 'g')) FROM a",
+     r"regexp_replace\(\) could build"),
+    ("SELECT len(replace(message, 'a', message)) FROM messages", r"replace\(\) could build"),
+    ("SELECT len(list_reduce(list_transform(range(40), x -> 'a'), (a, x) -> a || a))",
+     "copies its accumulator more than once"),
+    ("SELECT len(reduce(list_transform(range(40), x -> 'a'), (a, x) -> repeat(a, 2)))",
+     "copies its accumulator more than once"),
+    ("WITH a AS (SELECT range(10000) l) SELECT len(flatten(list_transform(l, x -> l))) FROM a",
+     "a lambda may use only its own parameters, not l"),
+    ("SELECT len(flatten([l FOR x IN l])) FROM (SELECT range(10000) l)", "a lambda may use only its own parameters"),
+    ("WITH a AS (SELECT repeat('a', 1000) s), b AS (SELECT s||s||s||s s FROM a), c AS (SELECT s||s||s||s s FROM b),"
+     " d AS (SELECT s||s||s||s s FROM c), e AS (SELECT s||s||s||s s FROM d) SELECT len(s||s||s||s) FROM e",
+     "the \\|\\| operator could build a value"),
+    ("SELECT len(bin(bin(bin(bin(message))))) FROM messages", r"bin\(\) could build a value"),
+    ("SELECT len(" + " || ".join(["message"] * 100) + ") FROM messages", "could build a value"),
+]  # fmt: skip
+"""Queries that would build one value of gigabytes in a single function call, which neither DuckDB's interrupt
+nor its memory limit stops, each with the reason it must be refused for (recorder/sql_sizes.py)."""
 DANGEROUS = [seed.format(canary=CANARY, secret=SECRET_FILE, scratch=SCRATCH) for seed in DANGEROUS]
+DANGEROUS += [query for query, _ in AMPLIFIERS]
 WRAPPERS = ["{}", "{};", "SELECT 1; {}", "{}; SELECT 1", "WITH x AS ({}) SELECT * FROM x", "SELECT * FROM ({})",
             "EXPLAIN {}", "DESCRIBE {}", "SUMMARIZE {}", "/* {} */ SELECT 1", "SELECT '{}'"]  # fmt: skip
 SEPARATORS = [" ", "  ", "\t", "\n", "/**/", " /* x */ ", "--\n"]
