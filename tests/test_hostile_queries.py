@@ -201,6 +201,7 @@ AMPLIFIERS = [
      "the \\|\\| operator could build a value"),
     ("SELECT len(bin(bin(bin(bin(message))))) FROM messages", r"bin\(\) could build a value"),
     ("SELECT len(" + " || ".join(["message"] * 100) + ") FROM messages", "could build a value"),
+    ("SELECT * FROM query('SELECT len(repeat(''a'', 3000000000))')", r"query\(\) runs SQL text"),
 ]  # fmt: skip
 """Queries that would build one value of gigabytes in a single function call, which neither DuckDB's interrupt
 nor its memory limit stops, each with the reason it must be refused for (recorder/sql_sizes.py)."""

@@ -65,8 +65,8 @@ FIXED_RESULT = {"+", "-", "*", "/", "//", "%", "**", "^", "=", "!=", "<>", "<", 
                 "!~~*", "count", "count_star", "sum", "avg", "len", "length", "strlen", "octet_length",
                 "array_length", "epoch_us", "epoch_ms", "epoch_ns", "epoch", "round"}  # fmt: skip
 """Functions and operators whose result is one fixed-size value, whatever their arguments."""
-TABLE_CONTEXT_ONLY = {"range", "generate_series", "repeat"}
-"""Functions whose table form (in FROM) streams rows: time and row limits cut it, so only the scalar form is checked."""
+RUNS_SQL = {"query", "json_execute_serialized_sql"}
+"""Table functions that run SQL given as a value, which this check never sees: refused."""
 FIXED_CLASSES = {"COMPARISON", "CONJUNCTION", "BETWEEN", "POSITIONAL_REFERENCE"}
 SUM_CLASSES = {"OPERATOR", "CASE", "COLLATE", "WINDOW", "STAR", "CAST"}
 QUERY_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
@@ -157,8 +157,11 @@ class SizeCheck:
             return joined
         if kind == "SUBQUERY":
             return self._query(ref["subquery"]["node"], scope)
-        if kind == "TABLE_FUNCTION":
+        if kind == "TABLE_FUNCTION":  # range(), generate_series(), repeat() here stream rows: the limits cut them
             function = ref["function"]
+            name = function["function_name"].lower()
+            if self.aliases.get(name, name) in RUNS_SQL:
+                raise SizeRefused(f"{name}() runs SQL text the size check cannot read; it is refused")
             for child in function.get("children", []):
                 self._bound(child, scope)
             return COLUMN_BYTES
