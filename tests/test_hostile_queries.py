@@ -10,11 +10,14 @@ are shared with reliability/fuzz.py's long run; this is the fast version.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
 import re
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from steprec.proto import wire
+from steprec.proto.admin.v1 import admin_pb2
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.query import SyncRecorderClient
@@ -42,7 +46,9 @@ from .test_hostile_ingest import (
     KNOWN_MEDIA_MESSAGE,
     KNOWN_MEDIA_URI,
     Answer,
+    GoodRecords,
     export,
+    export_beside_good,
     hostile_target,  # noqa: F401 (a fixture)
     int_value,
     log_record,
@@ -57,6 +63,7 @@ from .test_hostile_ingest import (
 SERVICE = pb.DESCRIPTOR.services_by_name["RecorderQuery"]
 METHODS = {method.name: method for method in SERVICE.methods}
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+PRUNE = "/steprec.admin.v1.RecorderAdmin/Prune"
 SEEDED_RUN = "seeded-run"
 """A run `seed` stores whole (events, a snapshot referring to KNOWN_MEDIA, a tool call): reads of it must succeed."""
 SCRATCH = Path(tempfile.gettempdir()) / f"steprec-hostile-{os.getpid()}"
@@ -162,7 +169,44 @@ DANGEROUS = [
     "SELECT current_setting('enable_external_access')", "SELECT getenv('HOME')", "EXPLAIN ANALYZE SELECT 1",
 ]  # fmt: skip
 """Statements that would write, read files, escape the sandbox or run long, as seeds for mutation."""
+AMPLIFIERS = [
+    ("SELECT len(range(1000000000))", r"range\(\) with a list of 1,000,000,000 is refused"),
+    ("SELECT count(*) FROM (SELECT unnest(generate_series(1, 300000000)))", r"generate_series\(\) with a list of"),
+    ("SELECT len(range(TIMESTAMP '2020-01-01', TIMESTAMP '2030-01-01', INTERVAL 1 SECOND))", "integer constants"),
+    ("SELECT len(repeat('a', 3000000000))", r"repeat\(\) with a length of 3,000,000,000 is refused"),
+    ("SELECT len(repeat([1], 300000000))", r"repeat\(\) with a length of 300,000,000"),
+    ("SELECT len(repeat(run_id, n)) FROM runs, (SELECT 10 AS n)", "not an integer constant"),
+    ("SELECT len(repeat(message, 1000)) FROM messages", r"repeat\(\) with a length of 1,000"),
+    ("SELECT len(lpad('a', 2000000000, 'b'))", r"lpad\(\) with a length of 2,000,000,000"),
+    ("SELECT len(rpad('a', 2000000000, 'b'))", r"rpad\(\) with a length of 2,000,000,000"),
+    ("SELECT len(list_resize([1], 300000000))", r"list_resize\(\) with a length of 300,000,000"),
+    ("SELECT len(array_resize([1], 300000000, 0))", r"list_resize\(\) with a length of 300,000,000"),
+    ("SELECT len(printf('%2000000000d', 1))", r"printf\(\) could build a value of 2,000,000,0"),
+    ("SELECT len(format('{:>2000000000}', 1))", r"format\(\) could build a value of 2,000,000,0"),
+    ("SELECT len(printf('%*d', 2000000000, 1))", "width or precision taken from an argument"),
+    ("SELECT len(format('{:>{}}', 1, 2000000000))", "width or precision taken from an argument"),
+    ("SELECT len(printf(run_id, 1)) FROM runs", "not a constant string"),
+    ("WITH a AS (SELECT repeat('a', 100000) s) SELECT len(regexp_replace(s, '', repeat('b', 1000), 'g')) FROM a",
+     r"regexp_replace\(\) could build"),
+    ("SELECT len(replace(message, 'a', message)) FROM messages", r"replace\(\) could build"),
+    ("SELECT len(list_reduce(list_transform(range(40), x -> 'a'), (a, x) -> a || a))",
+     "copies its accumulator more than once"),
+    ("SELECT len(reduce(list_transform(range(40), x -> 'a'), (a, x) -> repeat(a, 2)))",
+     "copies its accumulator more than once"),
+    ("WITH a AS (SELECT range(10000) l) SELECT len(flatten(list_transform(l, x -> l))) FROM a",
+     "a lambda may use only its own parameters, not l"),
+    ("SELECT len(flatten([l FOR x IN l])) FROM (SELECT range(10000) l)", "a lambda may use only its own parameters"),
+    ("WITH a AS (SELECT repeat('a', 1000) s), b AS (SELECT s||s||s||s s FROM a), c AS (SELECT s||s||s||s s FROM b),"
+     " d AS (SELECT s||s||s||s s FROM c), e AS (SELECT s||s||s||s s FROM d) SELECT len(s||s||s||s) FROM e",
+     "the \\|\\| operator could build a value"),
+    ("SELECT len(bin(bin(bin(bin(message))))) FROM messages", r"bin\(\) could build a value"),
+    ("SELECT len(" + " || ".join(["message"] * 100) + ") FROM messages", "could build a value"),
+    ("SELECT * FROM query('SELECT len(repeat(''a'', 3000000000))')", r"query\(\) runs SQL text"),
+]  # fmt: skip
+"""Queries that would build one value of gigabytes in a single function call, which neither DuckDB's interrupt
+nor its memory limit stops, each with the reason it must be refused for (recorder/sql_sizes.py)."""
 DANGEROUS = [seed.format(canary=CANARY, secret=SECRET_FILE, scratch=SCRATCH) for seed in DANGEROUS]
+DANGEROUS += [query for query, _ in AMPLIFIERS]
 WRAPPERS = ["{}", "{};", "SELECT 1; {}", "{}; SELECT 1", "WITH x AS ({}) SELECT * FROM x", "SELECT * FROM ({})",
             "EXPLAIN {}", "DESCRIBE {}", "SUMMARIZE {}", "/* {} */ SELECT 1", "SELECT '{}'"]  # fmt: skip
 SEPARATORS = [" ", "  ", "\t", "\n", "/**/", " /* x */ ", "--\n"]
@@ -191,7 +235,21 @@ def generated_selects(draw: st.DrawFn) -> str:
     return f"SELECT {picked} FROM {source} WHERE {where} {tail} LIMIT {draw(st.integers(-1, 10_000))}"
 
 
-sql_queries = st.one_of(mutated_statements(), generated_selects(), st.sampled_from(DANGEROUS), st.text(max_size=200))
+AMPLIFIER_TEMPLATES = ["repeat('ab', {n})", "repeat([1, 2], {n})", "lpad('a', {n}, 'b')", "rpad(run_id, {n}, '.')",
+                       "list_resize([1], {n})", "array_resize([1], {n}, 0)", "range({n})",
+                       "generate_series(-1, {n}, 2)", "printf('%{n}d', 1)", "format('{{:<{n}}}', 'x')",
+                       "repeat(run_id, {n})", "regexp_replace(run_id, '', repeat('b', {n}), 'g')"]  # fmt: skip
+amplified_queries = st.builds(
+    lambda template, n, wrap: wrap.format(template.format(n=n)),
+    st.sampled_from(AMPLIFIER_TEMPLATES),
+    st.one_of(st.integers(-2, 20_000), st.integers(-(2**63), 2**63 - 1), st.sampled_from([2**31, 3 * 10**9, 10**30])),
+    st.sampled_from(["SELECT len({}) FROM runs", "SELECT count(*) FROM (SELECT unnest({}) FROM runs)",
+                     "WITH a AS (SELECT {} AS v FROM runs) SELECT len(v || v) FROM a"]),
+)  # fmt: skip
+"""A function whose result size an argument sets, with that argument small, huge or past 64 bits."""
+sql_queries = st.one_of(
+    mutated_statements(), generated_selects(), st.sampled_from(DANGEROUS), amplified_queries, st.text(max_size=200)
+)
 max_rows = st.one_of(st.integers(0, 100), int64s, st.sampled_from([1_000_000, 1_000_001]))
 timeouts = st.one_of(st.floats(0.05, 1.0), st.sampled_from([-1.0, math.nan, math.inf, -math.inf, 300.001, 5e-324]))
 """A time limit of at most a second, or one to refuse: never the 10 s default, so no query holds the run up."""
@@ -262,9 +320,35 @@ sql_calls = st.lists(
               sql_queries, max_rows, timeouts),
     min_size=1, max_size=4,
 )  # fmt: skip
+
+
+def _expected_prune(request: admin_pb2.PruneRequest) -> frozenset[str]:
+    """Prune's only right answer: INVALID_ARGUMENT without an age or a conversation (it would remove every run)."""
+    ok = request.HasField("started_before_unix_nano") or request.HasField("conversation_id")
+    return frozenset({"OK"} if ok else {"INVALID_ARGUMENT"})
+
+
+def _prune(fields: dict) -> Call:
+    request = admin_pb2.PruneRequest(**fields)
+    return Call(PRUNE, request.SerializeToString(), _expected_prune(request))
+
+
+PRUNED_CONVERSATION = st.text(max_size=20).map("pruned-".__add__)
+"""The conversations a prune that removes may name: no run the fuzz must read back belongs to one."""
+prune_calls = st.lists(
+    st.one_of(
+        st.fixed_dictionaries({"dry_run": st.just(True)}, optional={"started_before_unix_nano": int64s,
+                              "conversation_id": st.one_of(st.text(max_size=30), st.just("x" * 70_000))}),
+        st.fixed_dictionaries({"dry_run": st.just(False), "conversation_id": PRUNED_CONVERSATION},
+                              optional={"started_before_unix_nano": int64s}),
+        st.just({}),
+    ).map(_prune),
+    min_size=1, max_size=4,
+)  # fmt: skip
+"""Admin Prune with generated ages (negative, 0, past 2^62) and conversations; only a dry run may match everything."""
 raw_calls = st.one_of(
     st.binary(max_size=512), query_calls.map(lambda calls: calls[0].payload[: len(calls[0].payload) // 2] + b"\xff")
-).map(lambda payload: [Call(method, payload) for method in [*METHODS, HEALTH_CHECK]])
+).map(lambda payload: [Call(method, payload) for method in [*METHODS, HEALTH_CHECK, PRUNE]])
 """Bytes that are not a request message (or are one only by chance), sent to every method and the health check."""
 
 # -- making a call, and checking the answer ------------------------------------------------------------------------
@@ -283,6 +367,10 @@ def _reply_problem(method: str, payload: bytes, replies: list[bytes]) -> str | N
     that is not its URI's, a secret file's content."""
     if any(SECRET.encode() in reply for reply in replies):
         return "an answer holds the secret file's content"
+    if method == PRUNE:
+        counts = admin_pb2.PruneResponse.FromString(replies[0])
+        negative = [f.name for f, value in counts.ListFields() if value < 0]
+        return f"Prune answered negative counts: {negative}" if negative else None
     if method.startswith("/"):
         return None
     output = getattr(pb, METHODS[method].output_type.name)
@@ -377,7 +465,9 @@ SOME = settings(FAST, max_examples=40)
 
 
 @pytest.mark.parametrize(
-    "strategy", [query_calls, run_id_calls, media_calls, sql_calls], ids=["query-rpcs", "run-ids", "media-uris", "sql"]
+    "strategy",
+    [query_calls, run_id_calls, media_calls, sql_calls, prune_calls],
+    ids=["query-rpcs", "run-ids", "media-uris", "sql", "prune"],
 )
 @SOME
 @given(data=st.data())
@@ -397,7 +487,7 @@ def test_raw_bytes_to_any_method_never_crash_or_hang(seeded, calls: list[Call]) 
 
 
 def test_raw_bytes_to_any_method_are_refused_as_invalid_argument(seeded) -> None:
-    for method in [*METHODS, HEALTH_CHECK]:
+    for method in [*METHODS, HEALTH_CHECK, PRUNE]:
         assert invoke(seeded[1], Call(method, b"\xff\xff\xff")).status == "INVALID_ARGUMENT", method
 
 
@@ -495,3 +585,74 @@ def test_run_links_in_a_cycle_or_a_lattice_are_walked_once(seeded) -> None:
         assert client.descendants("cyc-a").column("depth").to_pylist() == [0, 1, 1]  # its child, and its fork
         assert [run.run_id for run in client.ancestors("cyc-a")] == ["cyc-c", "cyc-b"]
         assert client.descendants("lat-0").num_rows == 40
+
+
+def _peak_rss_mib(pid: int) -> float:
+    return int(re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())[1]) / 1024
+
+
+def _serve_others(endpoint: str, stop: threading.Event, latencies: list[float]) -> None:
+    """Another client's reads, one every 50 ms, each timed, until `stop`."""
+    with SyncRecorderClient(endpoint) as client:
+        while not stop.wait(0.05):
+            started = time.monotonic()
+            client.sql("SELECT count(*) AS n FROM runs", timeout_seconds=5)
+            latencies.append(time.monotonic() - started)
+
+
+def test_queries_that_build_huge_values_are_refused_at_once_while_others_are_served(seeded) -> None:
+    """Each AMPLIFIERS query once grew the recorder by GBs past its 1 s limit (one call DuckDB does not interrupt).
+    Now each is refused with its reason within the limit, the recorder's peak RSS stays put, and another client
+    reading meanwhile is answered throughout."""
+    recorder, _ = seeded
+    peak_before, stop, latencies = _peak_rss_mib(recorder.process.pid), threading.Event(), []
+    other = threading.Thread(target=_serve_others, args=(recorder.endpoint, stop, latencies))
+    other.start()
+    try:
+        with SyncRecorderClient(recorder.endpoint) as client:
+            for query, reason in AMPLIFIERS:
+                started = time.monotonic()
+                with pytest.raises(ValueError, match=reason):
+                    client.sql(query, timeout_seconds=1)
+                assert time.monotonic() - started < 1.5, query
+    finally:
+        stop.set()
+        other.join()
+    assert _peak_rss_mib(recorder.process.pid) - peak_before < 256
+    assert latencies and max(latencies) < 2.0
+
+
+def test_prunes_while_ingesting_remove_only_their_conversation(seeded) -> None:
+    """Prunes (dry runs over every run, and real ones of a conversation) race good records and runs started in
+    that conversation: every call answers OK, the pruned conversation's runs go, every good record stays."""
+    recorder, channel = seeded
+    good, stop, answers = GoodRecords(), threading.Event(), []
+
+    def ingest() -> None:
+        for i in itertools.count():
+            if stop.is_set():
+                return
+            started = log_record(wire.EVENT_PREFIX + "run_started", {
+                wire.RUN_ID: string_value(f"doomed-{i}"), wire.REGISTRATION_ID: string_value(f"doomed-{i}"),
+                wire.CONVERSATION_ID: string_value("pruned-race"), wire.STEP_INDEX: int_value(0)})  # fmt: skip
+            answers.append(export_beside_good(channel, [started], good))
+
+    writer = threading.Thread(target=ingest)
+    writer.start()
+    try:
+        for i in range(20):
+            fields = (
+                {"dry_run": True, "started_before_unix_nano": 2**63 - 1}
+                if i % 2
+                else {"conversation_id": "pruned-race"}
+            )
+            answers.append(invoke(channel, _prune(fields)))
+    finally:
+        stop.set()
+        writer.join()
+    answers.append(invoke(channel, _prune({"conversation_id": "pruned-race"})))
+    assert [a for a in answers if a.problem or a.status != "OK"] == []
+    assert good.stored(recorder.endpoint) == len(good.run_ids)
+    with SyncRecorderClient(recorder.endpoint) as client:
+        left = client.sql("SELECT count(*) AS n FROM runs WHERE conversation_id = 'pruned-race'", timeout_seconds=5)
+    assert left.column("n")[0].as_py() == 0

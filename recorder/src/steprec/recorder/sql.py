@@ -1,16 +1,19 @@
 """Read-only SQL for anyone with the query port: the documented views, and the guards around a query.
 
 The views (schema `recorded`, docs/sql.md) are the stable surface; the tables under them may
-change shape between releases. A query runs under four guards, each enough on its own for
+change shape between releases. A query runs under five guards, each enough on its own for
 what it covers: it must parse as exactly one SELECT; it runs in a READ ONLY transaction;
 the database has external access disabled and its configuration locked (no files, no
 ATTACH, no COPY, no extensions, no network, no SET); and it has a row limit and a time
-limit, enforced by cutting the result and by interrupting DuckDB.
+limit, enforced by cutting the result and by interrupting DuckDB. Before it runs, a fifth
+(sql_sizes.py) bounds the size of every value it could build, since one function call that
+builds a huge value ignores both the interrupt and DuckDB's memory limit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
+from .sql_sizes import SizeCheck, SizeRefused
 from .tree import LINKS, MAX_TREE_DEPTH
 
 OUTCOME = "CASE {kind} WHEN 'run_completed' THEN 'completed' WHEN 'run_failed' THEN 'failed' ELSE 'running' END"
@@ -244,7 +248,16 @@ def check_query(query: str) -> str:
     kind = statements[0].type
     if kind != duckdb.StatementType.SELECT:
         raise SqlRefused(f"only SELECT queries are allowed (read-only SQL), not {kind.name}")
+    try:
+        _size_check().check(query)
+    except SizeRefused as error:
+        raise SqlRefused(str(error)) from None
     return query
+
+
+@functools.cache
+def _size_check() -> SizeCheck:
+    return SizeCheck()
 
 
 def _first_line(error: BaseException) -> str:

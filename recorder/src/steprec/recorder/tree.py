@@ -91,15 +91,15 @@ def link(cursor: duckdb.DuckDBPyConnection, runs: pa.Table) -> None:
         cursor.unregister("new_runs")
 
 
-def unlink(cursor: duckdb.DuckDBPyConnection, removed: list[str]) -> None:
-    """Re-place the runs below runs that were just deleted from `runs` (prune), in the caller's transaction.
+def unlink(cursor: duckdb.DuckDBPyConnection, removed: pa.Table) -> None:
+    """Re-place the runs below runs that were just deleted from `runs` (prune, `removed` a one-column table of
+    their ids), in the caller's transaction.
 
     A removed run's own links are gone, so every run that had it above loses the rows its links
     gave and has its ancestry found again from its links (a removed run stays the parent named by
     its children, as the walk over the links found it).
     """
-    removed_table = pa.table({"run_id": pa.array(removed, pa.string())})
-    cursor.register("removed_runs", removed_table)
+    cursor.register("removed_runs", removed)
     try:
         below = cursor.execute(
             "SELECT DISTINCT c.run_id FROM run_ancestry c SEMI JOIN removed_runs r ON c.ancestor_run_id = r.run_id"
