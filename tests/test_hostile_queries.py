@@ -600,6 +600,13 @@ def _serve_others(endpoint: str, stop: threading.Event, latencies: list[float]) 
             latencies.append(time.monotonic() - started)
 
 
+def _wait_for(condition, what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {seconds:.0f} s"
+        time.sleep(0.01)
+
+
 def test_queries_that_build_huge_values_are_refused_at_once_while_others_are_served(seeded) -> None:
     """Each AMPLIFIERS query once grew the recorder by GBs past its 1 s limit (one call DuckDB does not interrupt).
     Now each is refused with its reason within the limit, the recorder's peak RSS stays put, and another client
@@ -609,12 +616,15 @@ def test_queries_that_build_huge_values_are_refused_at_once_while_others_are_ser
     other = threading.Thread(target=_serve_others, args=(recorder.endpoint, stop, latencies))
     other.start()
     try:
+        _wait_for(lambda: latencies, "the other client's first read")
         with SyncRecorderClient(recorder.endpoint) as client:
             for query, reason in AMPLIFIERS:
                 started = time.monotonic()
                 with pytest.raises(ValueError, match=reason):
                     client.sql(query, timeout_seconds=1)
                 assert time.monotonic() - started < 1.5, query
+        answered = len(latencies)
+        _wait_for(lambda: len(latencies) > answered, "the other client's read after the attacks")
     finally:
         stop.set()
         other.join()
