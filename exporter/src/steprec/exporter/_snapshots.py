@@ -45,6 +45,24 @@ def _key(message: ModelMessage) -> tuple[bytes, str]:
     return hashlib.sha256(text.encode()).digest(), text
 
 
+def _fold(
+    messages: list[ModelMessage],
+    refs: list[bytes],
+    texts: list[str],
+    open_calls: set[str] | None,
+    known: dict[int, tuple[bytes, str]],
+) -> set[str] | None:
+    """Append each message's key (from `known` by identity, else serialised) and fold it into the open tool
+    calls; returns them, or None once a message answered a call never made."""
+    for message in messages:
+        digest, text = known.get(id(message)) or _key(message)
+        refs.append(digest)
+        texts.append(text)
+        if open_calls is not None and not answer_calls(open_calls, message):
+            open_calls = None
+    return open_calls
+
+
 @dataclass
 class _Scanned:
     """The settled history the last call walked: its message objects (held, so they stay what they
@@ -91,22 +109,12 @@ class SnapshotEncoder:
                 known = self._scanned.by_identity()
             self._scanned, done = _Scanned(), 0
         scanned = self._scanned
-        for message in messages[done:settled]:
-            scanned.messages.append(message)
-            digest, text = known.get(id(message)) or _key(message)
-            scanned.refs.append(digest)
-            scanned.texts.append(text)
-            if scanned.open_calls is not None and not answer_calls(scanned.open_calls, message):
-                scanned.open_calls = None
+        scanned.messages += messages[done:settled]
+        scanned.open_calls = _fold(messages[done:settled], scanned.refs, scanned.texts, scanned.open_calls, known)
         refs, texts, open_calls = list(scanned.refs), list(scanned.texts), scanned.open_calls
         if provisional and open_calls is not None:
             open_calls = set(open_calls)
-        for message in messages[settled:]:
-            digest, text = _key(message)
-            refs.append(digest)
-            texts.append(text)
-            if open_calls is not None and not answer_calls(open_calls, message):
-                open_calls = None
+        open_calls = _fold(messages[settled:], refs, texts, open_calls, {})
         return Keyed(tuple(refs), tuple(texts), settled=open_calls is not None and not open_calls)
 
     @property
