@@ -151,6 +151,8 @@ def categories(quick: bool) -> list[Category]:
                  queries.run_id_calls, _queries, 10_000 // scale),
         Category("media URIs", "path traversal, other schemes, wrong digests, edits of a stored URI; answers"
                  " checked", queries.media_calls, _queries, 5_000 // scale),
+        Category("message digests", "ReadMessages with unknown, repeated and torn digests; answers checked",
+                 queries.message_calls, _queries, 2_000 // scale),
         Category("SQL", "mutated writes, ATTACH/COPY/file reads/extensions/SET, long and huge queries, functions"
                  " that build huge values (repeat, lpad, range, list_resize, printf widths, lambdas, reduce),"
                  " generated SELECTs, random text", queries.sql_calls, _queries, 10_000 // scale),

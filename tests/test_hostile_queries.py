@@ -88,6 +88,12 @@ long_run_ids = st.builds(
 run_ids = st.one_of(st.just(SEEDED_RUN), run_id_texts, long_run_ids)
 int64s = st.one_of(st.integers(-3, 3), st.integers(-(2**63), 2**63 - 1))
 hex64 = st.text("0123456789abcdef", min_size=64, max_size=64)
+digest_lists = st.one_of(
+    st.lists(st.binary(min_size=32, max_size=32), max_size=6).map(b"".join),
+    st.builds(bytes.__mul__, st.binary(min_size=32, max_size=32), st.integers(2, 4)),  # one digest repeated
+    st.binary(max_size=200),  # mostly not whole digests
+)
+"""ReadMessages' `digests`: unknown digests, repeats, and bytes that are no list of digests at all."""
 
 
 def _edit(draw: st.DrawFn, text: str) -> str:
@@ -124,6 +130,13 @@ media_uris = st.one_of(
     st.builds(str.__add__, st.sampled_from(PREFIXES), st.one_of(hex64, st.text(max_size=70))),
     st.text(max_size=100),
 )
+
+
+def expected_messages(digests: bytes) -> frozenset[str]:
+    """ReadMessages' only right answers for digests no stored message has: nothing to send, or the reason."""
+    if len(digests) % 32 or len(set(wire.split_digests(digests))) < len(digests) // 32:
+        return frozenset({"INVALID_ARGUMENT"})
+    return frozenset({"OK"} if not digests else {"NOT_FOUND"})
 
 
 def expected_media(uri: str) -> frozenset[str]:
@@ -267,6 +280,7 @@ FIELD_VALUES = {
     "uri": media_uris, "query": sql_queries, "max_rows": max_rows, "timeout_seconds": timeouts,
     "view": st.one_of(st.sampled_from(VIEWS), st.text(max_size=20), edits(st.sampled_from(VIEWS))),
     "ancestors": st.booleans(), "include_interrupted": st.booleans(), "unresolved_only": st.booleans(),
+    "digests_only": st.booleans(), "digests": digest_lists,
 }  # fmt: skip
 """Each request field's values: the right kind of value, edge values, and strangers' text."""
 ALWAYS = {"page_size", "timeout_seconds"}
@@ -314,6 +328,10 @@ run_id_calls = run_ids.map(_reads_of)
 media_calls = st.lists(
     media_uris.map(lambda uri: _call("FetchMedia", pb.FetchMediaRequest(uri=uri), expected_media(uri))),
     min_size=1, max_size=8,
+)  # fmt: skip
+message_calls = st.lists(
+    digest_lists.map(lambda d: _call("ReadMessages", pb.ReadMessagesRequest(digests=d), expected_messages(d))),
+    min_size=1, max_size=4,
 )  # fmt: skip
 sql_calls = st.lists(
     st.builds(lambda query, rows, limit: _call("Sql", pb.SqlRequest(query=query, max_rows=rows, timeout_seconds=limit)),
@@ -466,8 +484,8 @@ SOME = settings(FAST, max_examples=40)
 
 @pytest.mark.parametrize(
     "strategy",
-    [query_calls, run_id_calls, media_calls, sql_calls, prune_calls],
-    ids=["query-rpcs", "run-ids", "media-uris", "sql", "prune"],
+    [query_calls, run_id_calls, media_calls, message_calls, sql_calls, prune_calls],
+    ids=["query-rpcs", "run-ids", "media-uris", "message-digests", "sql", "prune"],
 )
 @SOME
 @given(data=st.data())

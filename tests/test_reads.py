@@ -140,3 +140,42 @@ async def test_a_malformed_fork_origin_is_refused_before_anything_is_recorded(
         await agent.run("go", metadata={wire.FORKED_FROM_RUN_ID: "origin", wire.FORKED_FROM_SNAPSHOT: "one"},
                         conversation_id="conv-bad-fork")  # fmt: skip
     assert await client.list_runs(conversation_id="conv-bad-fork") == []
+
+
+async def test_histories_are_validated_once_per_client_and_never_share_what_a_run_changes(
+    recorder: RecorderProcess, client: RecorderClient
+) -> None:
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+    from steprec.query import continue_run, fork_run
+
+    agent = echo_agent(recorder.endpoint, calls=3)
+    origin = await agent.run("go", conversation_id="conv-cached")
+    fetched: list[int] = []  # how many messages each ReadMessages call asked for
+    read_messages = client._read_messages
+
+    async def counted(digests: list[bytes]) -> list[bytes]:
+        fetched.append(len(digests))
+        return await read_messages(digests)
+
+    client._read_messages = counted  # type: ignore[method-assign]
+    first = await fork_run(client, run_id=origin.run_id, at=1)
+    second = await fork_run(client, run_id=origin.run_id, at=1)
+    assert fetched == [5]  # the second read is answered from the client's cache
+    assert isinstance(first[-1], ModelRequest) and len(first) == len(second) == 5
+    assert all(a is not b and a.parts is not b.parts for a, b in zip(first, second, strict=True))
+    recorded = ModelMessagesTypeAdapter.dump_json(second)
+
+    # Edits to a returned history's messages (fields reassigned, parts added) stay in that history.
+    first[-1].run_id, first[0].metadata = "edited", {"edited": True}
+    first[-1].parts.append(UserPromptPart("and more"))
+    await agent.run(message_history=first, metadata=first.metadata, conversation_id="conv-cached-fork")
+    assert ModelMessagesTypeAdapter.dump_json(await fork_run(client, run_id=origin.run_id, at=1)) == recorded
+    async with RecorderClient(recorder.endpoint, message_cache_bytes=0) as uncached:
+        assert ModelMessagesTypeAdapter.dump_json(await fork_run(uncached, run_id=origin.run_id, at=1)) == recorded
+        assert ModelMessagesTypeAdapter.dump_json(await fork_run(uncached, run_id=origin.run_id, at=1)) == recorded
+
+    # A later snapshot of the run needs only the messages it added or changed: the three after snapshot 1,
+    # and its last request, which pydantic-ai stamped with the run's ids when it sent it.
+    latest = await continue_run(client, run_id=origin.run_id)
+    assert len(latest) == 8 and fetched == [5, 4]
+    assert ModelMessagesTypeAdapter.dump_json(latest) == ModelMessagesTypeAdapter.dump_json(origin.all_messages())

@@ -274,9 +274,9 @@ def test_a_version_1_file_gains_run_endings_from_its_events(tmp_path: Path) -> N
 
 
 def test_the_message_cache_is_bounded_and_keeps_what_was_used() -> None:
-    from steprec.recorder.message_cache import MessageCache
+    from steprec.proto.sized_cache import SizedCache
 
-    cache = MessageCache(max_bytes=800)
+    cache = SizedCache[bytes, str](max_bytes=800)
     for n in range(8):
         cache.put(bytes([n]) * 32, "x" * 100)
     cache.get_many({bytes([0]) * 32})  # used: survives the next eviction

@@ -81,6 +81,12 @@ BODY_EFFECT_SUMMARY: Final = "effect_summary"
 DIGEST_SIZE: Final = 32
 """Message references are raw SHA-256 digests of the message's JSON bytes."""
 
+
+def split_digests(blob: bytes) -> tuple[bytes, ...]:
+    """Digests sent or stored concatenated (snapshot references, ReadMessages) as a tuple."""
+    return tuple(blob[i : i + DIGEST_SIZE] for i in range(0, len(blob), DIGEST_SIZE))
+
+
 # Partial-success reasons the exporter acts on. The recorder writes one line per
 # refused record, `record <index> [<code>]: <explanation>`, joined by newlines.
 REFUSED_RUN_ID_TAKEN: Final = "run_id_taken"

@@ -11,12 +11,13 @@ from typing import Any
 
 import grpc
 import pyarrow as pa
-from pydantic_ai.messages import ModelMessagesTypeAdapter
+from steprec.proto import wire
 from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.proto.tls import ClientTLS
 
+from .history_cache import DEFAULT_CACHE_BYTES, HistoryCache
 from .types import (
     RunOutcome,
     RunRecord,
@@ -124,6 +125,7 @@ class RecorderClient:
         tls_ca: Path | None = None,
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
+        message_cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         self.endpoint = endpoint or os.environ.get("STEPREC_ENDPOINT", DEFAULT_ENDPOINT)
         self.timeout = timeout_seconds
@@ -137,6 +139,7 @@ class RecorderClient:
             self._channel = grpc.aio.insecure_channel(address)
         self._stub = query_pb2_grpc.RecorderQueryStub(self._channel)
         self._admin = admin_pb2_grpc.RecorderAdminStub(self._channel)
+        self._histories = HistoryCache(message_cache_bytes)
 
     async def __aenter__(self) -> RecorderClient:
         return self
@@ -266,20 +269,18 @@ class RecorderClient:
         return [_summary(info) for info in (await self._call(self._stub.ListSnapshots, request)).snapshots]
 
     async def _read_snapshot(self, request: pb.ReadSnapshotRequest) -> Snapshot | None:
-        info, messages, piece = None, [], bytearray()
+        """The snapshot's digests first, then only the messages `_histories` does not hold (`_read_messages`)."""
+        request.digests_only = True
+        info, digests = None, bytearray()
         try:
             async for chunk in self._stream(self._stub.ReadSnapshot, request):
                 if chunk.HasField("info"):
                     info = chunk.info
-                if chunk.message_piece:  # a message larger than one chunk, in order
-                    piece += chunk.message_piece
-                    if chunk.message_complete:
-                        messages.append(bytes(piece))
-                        piece.clear()
-                messages.extend(chunk.messages_json)
-        except LookupError:
-            return None
-        if info is None:
+                digests += chunk.message_digests
+            if info is None:
+                return None
+            messages = await self._histories.history(wire.split_digests(bytes(digests)), self._read_messages)
+        except LookupError:  # no such snapshot, or pruned between the two calls
             return None
         return Snapshot(
             run_id=info.run_id,
@@ -287,9 +288,20 @@ class RecorderClient:
             step_index=info.step_index,
             state=info.state,
             timestamp=from_unix_nano(info.timestamp_unix_nano),
-            messages=ModelMessagesTypeAdapter.validate_json(b"[" + b",".join(messages) + b"]"),
+            messages=messages,
             **{name: _optional(info, name) for name in _SNAPSHOT_LINEAGE},
         )
+
+    async def _read_messages(self, digests: list[bytes]) -> list[bytes]:
+        messages, piece = [], bytearray()
+        async for chunk in self._stream(self._stub.ReadMessages, pb.ReadMessagesRequest(digests=b"".join(digests))):
+            if chunk.message_piece:  # a message larger than one chunk, in order
+                piece += chunk.message_piece
+                if chunk.message_complete:
+                    messages.append(bytes(piece))
+                    piece.clear()
+            messages.extend(chunk.messages_json)
+        return messages
 
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         """The tool-effect ledger of a run, one record per tool call, latest status."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import grpc
+from steprec.proto import wire
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 
@@ -195,31 +196,41 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
         run_id = await _valid_run_id(request.run_id, context)
         index = request.snapshot_index if request.HasField("snapshot_index") else None
         found = await asyncio.to_thread(
-            self._store.read_snapshot, run_id, include_interrupted=request.include_interrupted, snapshot_index=index
-        )
+            self._store.read_snapshot, run_id, include_interrupted=request.include_interrupted, snapshot_index=index,
+            digests_only=request.digests_only,
+        )  # fmt: skip
         if found is None:
             which = f"retained snapshot {index}" if index is not None else (
                 "snapshot" if request.include_interrupted else "complete snapshot"
             )  # fmt: skip
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {run_id!r} has no {which}")
         info_row, messages = found
-        chunk, size = pb.SnapshotChunk(info=_snapshot_info(info_row)), 0
-        for message in messages:
-            encoded = message.encode()
-            if size and size + len(encoded) > _CHUNK_BYTES:
+        if request.digests_only:  # 32,768 digests a chunk (1 MiB is a multiple of 32)
+            for start in range(0, max(len(messages), 1), _CHUNK_BYTES):
+                chunk = pb.SnapshotChunk(message_digests=messages[start : start + _CHUNK_BYTES])
+                if not start:
+                    chunk.info.CopyFrom(_snapshot_info(info_row))
                 yield chunk
-                chunk, size = pb.SnapshotChunk(), 0
-            if len(encoded) <= _CHUNK_BYTES:
-                chunk.messages_json.append(encoded)
-                size += len(encoded)
-                continue
-            if chunk.HasField("info"):
-                yield chunk
-                chunk = pb.SnapshotChunk()
-            for start in range(0, len(encoded), _CHUNK_BYTES):
-                piece = encoded[start : start + _CHUNK_BYTES]
-                yield pb.SnapshotChunk(message_piece=piece, message_complete=start + _CHUNK_BYTES >= len(encoded))
-        yield chunk
+            return
+        for chunk in _message_chunks(pb.SnapshotChunk(info=_snapshot_info(info_row)), messages):
+            yield chunk
+
+    async def ReadMessages(self, request: pb.ReadMessagesRequest, context):  # noqa: N802
+        digests = wire.split_digests(request.digests)
+        if len(request.digests) % wire.DIGEST_SIZE:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"digests must be {wire.DIGEST_SIZE}-byte SHA-256 digests, concatenated;"
+                f" got {len(request.digests)} bytes",
+            )
+        if len(set(digests)) != len(digests):  # each body is sent once: a repeated big one must not multiply
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "each digest may be asked for once")
+        try:
+            messages = await asyncio.to_thread(self._store.read_messages, digests)
+        except LookupError as error:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
+        for chunk in _message_chunks(pb.SnapshotChunk(), messages):
+            yield chunk
 
     async def ListToolEffects(self, request: pb.ListToolEffectsRequest, context) -> pb.ListToolEffectsResponse:  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)
@@ -307,3 +318,25 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
                     run.cancel()
                     await asyncio.gather(step, return_exceptions=True)
                 run.close()
+
+
+def _message_chunks(chunk: pb.SnapshotChunk, messages: list[str]) -> Iterator[pb.SnapshotChunk]:
+    """`chunk` and more, carrying the messages in order in chunks of about `_CHUNK_BYTES`; a larger message in
+    consecutive pieces (the SnapshotChunk contract in query.proto)."""
+    size = 0
+    for message in messages:
+        encoded = message.encode()
+        if size and size + len(encoded) > _CHUNK_BYTES:
+            yield chunk
+            chunk, size = pb.SnapshotChunk(), 0
+        if len(encoded) <= _CHUNK_BYTES:
+            chunk.messages_json.append(encoded)
+            size += len(encoded)
+            continue
+        if chunk.HasField("info"):
+            yield chunk
+            chunk = pb.SnapshotChunk()
+        for start in range(0, len(encoded), _CHUNK_BYTES):
+            piece = encoded[start : start + _CHUNK_BYTES]
+            yield pb.SnapshotChunk(message_piece=piece, message_complete=start + _CHUNK_BYTES >= len(encoded))
+    yield chunk

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from steprec.proto import wire
-
 
 def snapshot_key_sequence(key: str) -> int | None:
     """The `<int>:` prefix of a snapshot key, which StepRecorder makes monotonic per run."""
@@ -13,10 +11,6 @@ def snapshot_key_sequence(key: str) -> int | None:
     if not separator or not prefix.isdigit():
         return None
     return int(prefix)
-
-
-def split_refs(blob: bytes) -> tuple[bytes, ...]:
-    return tuple(blob[i : i + wire.DIGEST_SIZE] for i in range(0, len(blob), wire.DIGEST_SIZE))
 
 
 @dataclass

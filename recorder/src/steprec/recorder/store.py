@@ -32,13 +32,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 from steprec.proto import wire
+from steprec.proto.sized_cache import SizedCache
 
 from .batch import Batch, entry_parts, insert, to_arrow
 from .decode import (
@@ -52,9 +53,8 @@ from .decode import (
 )
 from .digests import DigestFilter
 from .media import DEFAULT_THRESHOLD, URI_PREFIX, LocalMediaStore, MediaCodec, MediaCorrupt, MediaStore
-from .message_cache import MessageCache
 from .metrics import Metrics
-from .run_state import RunState, retained_snapshots, split_refs
+from .run_state import RunState, retained_snapshots
 from .schema import migrate
 from .sql import (
     ANCESTORS,
@@ -116,6 +116,34 @@ DEFAULT_MEMORY_LIMIT_MIB = 1024
 """DuckDB's memory limit unless the recorder is told otherwise (`--duckdb-memory-mib`)."""
 MAX_RUN_STATES = 10_000
 """Runs whose ingest state is kept in memory; an idle run beyond this is loaded again when it returns."""
+MESSAGE_CACHE_BYTES = 128 << 20
+"""Bodies of recently written or read messages kept in memory, so reading a live run's history skips the
+join against the whole messages table (a scan that grows with the store): the runs people continue or
+fork are mostly the ones just written. A digest names one body forever, so an entry never goes stale."""
+SNAPSHOT_CACHE_BYTES = 32 << 20
+"""Snapshots read lately, their info and the reference list rebuilt from their delta chain (32 bytes per
+message: 500 snapshots of 2,000 messages), so reading one again costs one small statement, not three."""
+
+
+_SNAPSHOT_INFO = (
+    "run_id, snapshot_index, step_index, state, epoch_ns(recorded_at) AS at_ns, conversation_id, parent_run_id,"
+    " agent_name, idempotency_key, message_count, write_seq"
+)
+
+
+def _snapshot_filter(run_id: str, *, include_interrupted: bool, snapshot_index: int | None = None) -> tuple[str, list]:
+    """The retained snapshots of a run a read may pick: complete ones only unless told, or the given index."""
+    filters, params = ["run_id = ?", "NOT pruned"], [run_id]
+    if snapshot_index is not None:
+        filters.append("snapshot_index = ?")
+        params.append(snapshot_index)
+    elif not include_interrupted:
+        filters.append("state = 'complete'")
+    return " AND ".join(filters), params
+
+
+def _snapshot_size(entry: tuple[dict, bytes]) -> int:
+    return len(entry[1]) + 512  # the info dict, roughly
 
 
 class StoreUnavailable(Exception):
@@ -183,7 +211,8 @@ class DuckDBStore:
         self._default_max_snapshots = max_snapshots_per_run
         media_store = media_store or LocalMediaStore(path.parent / "media", fsync=fsync)
         self._media = MediaCodec(media_store, threshold=media_threshold)
-        self._bodies = MessageCache()
+        self._bodies = SizedCache[bytes, str](MESSAGE_CACHE_BYTES)
+        self._snapshots = SizedCache[tuple[str, int], tuple[dict, bytes]](SNAPSHOT_CACHE_BYTES, size=_snapshot_size)
         self.metrics = Metrics()
         self._fragments: dict[bytes, dict[int, bytes]] = {}
         self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
@@ -590,7 +619,7 @@ class DuckDBStore:
         state.retained = [(seq, snapshot_state, key) for key, _, _, seq, snapshot_state, _ in snapshots]
         if snapshots:
             state.last_index = snapshots[-1][1]
-            state.last_refs = self._refs_of(cursor, run_id, state.last_index)
+            state.last_refs = wire.split_digests(self._rebuild_refs(cursor, run_id, state.last_index))
             state.known_digests = set(state.last_refs)
             depth = 0
             for _, _, base, *_ in reversed(snapshots):
@@ -758,7 +787,7 @@ class DuckDBStore:
             base = state.last_refs
         else:
             self._wait_applied(self._wal.last_sequence, for_write=True)  # the base may still be in the log
-            base = self._refs_of(cursor, record.lineage.run_id, record.base_index)
+            base = wire.split_digests(self._rebuild_refs(cursor, record.lineage.run_id, record.base_index))
             if not base and record.keep:
                 raise Malformed("unknown_base", f"snapshot base {record.base_index} of this run was never stored")
         if record.keep > len(base):
@@ -830,8 +859,11 @@ class DuckDBStore:
     # -- reads -----------------------------------------------------------------------------------
 
     @staticmethod
-    def _refs_of(cursor: duckdb.DuckDBPyConnection, run_id: str, snapshot_index: int) -> tuple[bytes, ...]:
-        """The full reference list of one snapshot, rebuilt from its delta chain.
+    def _rebuild_refs(
+        cursor: duckdb.DuckDBPyConnection, run_id: str, snapshot_index: int, written_by: int | None = None
+    ) -> bytes:
+        """The full reference list of one snapshot (32-byte digests, concatenated), rebuilt from its delta
+        chain among the retained snapshots written by `written_by` (all when None).
 
         A base may be numbered higher than the snapshot on it (RecorderStepStore numbers a
         second key at one sequence from 2**30), and a sender reusing indexes can make bases
@@ -839,8 +871,8 @@ class DuckDBStore:
         """
         rows = cursor.execute(
             "SELECT snapshot_index, base_index, keep, refs FROM snapshots"
-            " WHERE run_id = ? AND NOT pruned ORDER BY write_seq",
-            [run_id],
+            " WHERE run_id = ? AND NOT pruned AND write_seq <= ? ORDER BY write_seq",
+            [run_id, written_by if written_by is not None else (1 << 63) - 1],
         ).fetchall()
         by_index = {index: (base, keep, bytes(refs)) for index, base, keep, refs in rows}
         chain, seen = [], set()
@@ -849,74 +881,81 @@ class DuckDBStore:
             seen.add(index)
             chain.append(by_index[index])
             index = by_index[index][0]
-        refs: tuple[bytes, ...] = ()
+        refs = b""
         for _, keep, blob in reversed(chain):
-            refs = refs[:keep] + split_refs(blob)
+            refs = refs[: keep * wire.DIGEST_SIZE] + blob
         return refs
 
     def list_snapshots(self, run_id: str, *, include_interrupted: bool) -> list[dict]:
         """The run's retained snapshots in write order, without their messages."""
+        where, params = _snapshot_filter(run_id, include_interrupted=include_interrupted)
         cursor = self.cursor()
         try:
-            return self._snapshot_infos(cursor, run_id, include_interrupted=include_interrupted, newest_first=False)
+            return _dicts(
+                cursor.execute(f"SELECT {_SNAPSHOT_INFO} FROM snapshots WHERE {where} ORDER BY write_seq", params)
+            )
         finally:
             cursor.close()
-
-    @staticmethod
-    def _snapshot_infos(
-        cursor: duckdb.DuckDBPyConnection,
-        run_id: str,
-        *,
-        include_interrupted: bool,
-        newest_first: bool,
-        snapshot_index: int | None = None,
-        limit: int | None = None,
-    ) -> list[dict]:
-        filters, params = ["run_id = ?", "NOT pruned"], [run_id]
-        if not include_interrupted and snapshot_index is None:
-            filters.append("state = 'complete'")
-        if snapshot_index is not None:
-            filters.append("snapshot_index = ?")
-            params.append(snapshot_index)
-        order = "DESC" if newest_first else "ASC"
-        bound = f" LIMIT {int(limit)}" if limit else ""
-        return _dicts(
-            cursor.execute(
-                "SELECT run_id, snapshot_index, step_index, state, epoch_ns(recorded_at) AS at_ns, conversation_id,"
-                " parent_run_id, agent_name, idempotency_key, message_count FROM snapshots"
-                f" WHERE {' AND '.join(filters)} ORDER BY write_seq {order}{bound}",
-                params,
-            )
-        )
 
     def read_snapshot(
-        self, run_id: str, *, include_interrupted: bool, snapshot_index: int | None = None
-    ) -> tuple[dict, list[str]] | None:
-        """The newest snapshot (by write order), or the given retained one, and its messages' JSON; or None."""
+        self, run_id: str, *, include_interrupted: bool, snapshot_index: int | None = None, digests_only: bool = False
+    ) -> tuple[dict, list[str] | bytes] | None:
+        """The newest snapshot (by write order), or the given retained one, and its messages' JSON (or, with
+        `digests_only`, their digests concatenated); or None."""
+        where, params = _snapshot_filter(run_id, include_interrupted=include_interrupted, snapshot_index=snapshot_index)
         cursor = self.cursor()
         try:
-            infos = self._snapshot_infos(
-                cursor, run_id, include_interrupted=include_interrupted, newest_first=True,
-                snapshot_index=snapshot_index, limit=1,
-            )  # fmt: skip
-            if not infos:
+            (write_seq,) = cursor.execute(f"SELECT max(write_seq) FROM snapshots WHERE {where}", params).fetchone()
+            if write_seq is None:
                 return None
-            info = infos[0]
-            refs = self._refs_of(cursor, run_id, info["snapshot_index"])
-            wanted = set(refs)
-            bodies = self._bodies.get_many(wanted)
-            if missing := wanted - bodies.keys():
-                cursor.register("wanted_digests", pa.table({"digest": pa.array(list(missing), pa.binary())}))
-                for digest, body in cursor.execute(
-                    "SELECT m.digest, any_value(m.body) FROM messages m JOIN wanted_digests w ON m.digest = w.digest"
-                    " GROUP BY m.digest"
-                ).fetchall():
-                    bodies[bytes(digest)] = body
-                    self._bodies.put(bytes(digest), body)
-                cursor.unregister("wanted_digests")
-            return info, [self._media.restore(bodies[r]) for r in refs]
+            info, refs = self._snapshot(cursor, run_id, write_seq)
+            if digests_only:
+                return info, refs
+            return info, self._messages(cursor, wire.split_digests(refs))
         finally:
             cursor.close()
+
+    def _snapshot(self, cursor: duckdb.DuckDBPyConnection, run_id: str, write_seq: int) -> tuple[dict, bytes]:
+        """A snapshot row's info and whole reference list, built once and then kept (`_snapshots`): a written
+        snapshot row never changes, and bounding its chain by the row's write sequence keeps later rows from
+        changing what it rebuilds to. Finding which row to read is the one statement a repeated read costs."""
+        key = (run_id, write_seq)
+        if (cached := self._snapshots.get(key)) is None:
+            (info,) = _dicts(
+                cursor.execute(
+                    f"SELECT {_SNAPSHOT_INFO} FROM snapshots WHERE run_id = ? AND write_seq = ?", [run_id, write_seq]
+                )
+            )
+            cached = info, self._rebuild_refs(cursor, run_id, info["snapshot_index"], write_seq)
+            self._snapshots.put(key, cached)
+        return cached
+
+    def read_messages(self, digests: Sequence[bytes]) -> list[str]:
+        """Stored messages by digest, in the order asked, media restored.
+
+        Raises `LookupError` naming the first digest no stored message has.
+        """
+        cursor = self.cursor()
+        try:
+            return self._messages(cursor, digests)
+        finally:
+            cursor.close()
+
+    def _messages(self, cursor: duckdb.DuckDBPyConnection, digests: Sequence[bytes]) -> list[str]:
+        wanted = set(digests)
+        bodies = self._bodies.get_many(wanted)
+        if missing := wanted - bodies.keys():
+            cursor.register("wanted_digests", pa.table({"digest": pa.array(list(missing), pa.binary())}))
+            for digest, body in cursor.execute(
+                "SELECT m.digest, any_value(m.body) FROM messages m JOIN wanted_digests w ON m.digest = w.digest"
+                " GROUP BY m.digest"
+            ).fetchall():
+                bodies[bytes(digest)] = body
+                self._bodies.put(bytes(digest), body)
+            cursor.unregister("wanted_digests")
+        if unknown := next((d for d in digests if d not in bodies), None):
+            raise LookupError(f"no stored message has digest {unknown.hex()}")
+        return [self._media.restore(bodies[d]) for d in digests]
 
     def get_run(self, run_id: str) -> dict | None:
         runs = self.list_runs(run_id=run_id)
@@ -1126,5 +1165,5 @@ def _referenced_digests(cursor: duckdb.DuckDBPyConnection) -> set[bytes]:
     referenced: set[bytes] = set()
     for batch in cursor.execute("SELECT refs FROM snapshots WHERE NOT pruned").to_arrow_reader():
         for blob in batch.column(0).to_pylist():
-            referenced.update(split_refs(blob))
+            referenced.update(wire.split_digests(blob))
     return referenced

@@ -155,14 +155,22 @@ class StepEvent(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., kind: _Optional[str] = ..., step_index: _Optional[int] = ..., timestamp_unix_nano: _Optional[int] = ..., conversation_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., error: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., trace_id: _Optional[str] = ..., span_id: _Optional[str] = ...) -> None: ...
 
 class ReadSnapshotRequest(_message.Message):
-    __slots__ = ("run_id", "include_interrupted", "snapshot_index")
+    __slots__ = ("run_id", "include_interrupted", "snapshot_index", "digests_only")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DIGESTS_ONLY_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     include_interrupted: bool
     snapshot_index: int
-    def __init__(self, run_id: _Optional[str] = ..., include_interrupted: _Optional[bool] = ..., snapshot_index: _Optional[int] = ...) -> None: ...
+    digests_only: bool
+    def __init__(self, run_id: _Optional[str] = ..., include_interrupted: _Optional[bool] = ..., snapshot_index: _Optional[int] = ..., digests_only: _Optional[bool] = ...) -> None: ...
+
+class ReadMessagesRequest(_message.Message):
+    __slots__ = ("digests",)
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    digests: bytes
+    def __init__(self, digests: _Optional[bytes] = ...) -> None: ...
 
 class ListSnapshotsRequest(_message.Message):
     __slots__ = ("run_id", "include_interrupted")
@@ -187,16 +195,18 @@ class GetToolEffectRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("info", "messages_json", "message_piece", "message_complete")
+    __slots__ = ("info", "messages_json", "message_piece", "message_complete", "message_digests")
     INFO_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_PIECE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     info: SnapshotInfo
     messages_json: _containers.RepeatedScalarFieldContainer[bytes]
     message_piece: bytes
     message_complete: bool
-    def __init__(self, info: _Optional[_Union[SnapshotInfo, _Mapping]] = ..., messages_json: _Optional[_Iterable[bytes]] = ..., message_piece: _Optional[bytes] = ..., message_complete: _Optional[bool] = ...) -> None: ...
+    message_digests: bytes
+    def __init__(self, info: _Optional[_Union[SnapshotInfo, _Mapping]] = ..., messages_json: _Optional[_Iterable[bytes]] = ..., message_piece: _Optional[bytes] = ..., message_complete: _Optional[bool] = ..., message_digests: _Optional[bytes] = ...) -> None: ...
 
 class SnapshotInfo(_message.Message):
     __slots__ = ("run_id", "snapshot_index", "step_index", "state", "timestamp_unix_nano", "conversation_id", "parent_run_id", "agent_name", "idempotency_key", "message_count")

@@ -65,6 +65,11 @@ class RecorderQueryStub:
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ReadSnapshotRequest.SerializeToString,
                 response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SnapshotChunk.FromString,
                 _registered_method=True)
+        self.ReadMessages = channel.unary_stream(
+                '/steprec.query.v1.RecorderQuery/ReadMessages',
+                request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ReadMessagesRequest.SerializeToString,
+                response_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
         self.ListSnapshots = channel.unary_unary(
                 '/steprec.query.v1.RecorderQuery/ListSnapshots',
                 request_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ListSnapshotsRequest.SerializeToString,
@@ -147,6 +152,15 @@ class RecorderQueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadMessages(self, request, context):
+        """Stored messages by digest (as ReadSnapshot's `digests_only` answer lists them), in
+        the order asked, in SnapshotChunks without `info`. NOT_FOUND names the first
+        digest the recorder does not hold; INVALID_ARGUMENT for a malformed list.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListSnapshots(self, request, context):
         """The retained snapshots of a run in write order, without their messages.
         """
@@ -224,6 +238,11 @@ def add_RecorderQueryServicer_to_server(servicer, server):
             'ReadSnapshot': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadSnapshot,
                     request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ReadSnapshotRequest.FromString,
+                    response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SnapshotChunk.SerializeToString,
+            ),
+            'ReadMessages': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadMessages,
+                    request_deserializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ReadMessagesRequest.FromString,
                     response_serializer=steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SnapshotChunk.SerializeToString,
             ),
             'ListSnapshots': grpc.unary_unary_rpc_method_handler(
@@ -419,6 +438,33 @@ class RecorderQuery:
             target,
             '/steprec.query.v1.RecorderQuery/ReadSnapshot',
             steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ReadSnapshotRequest.SerializeToString,
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SnapshotChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/steprec.query.v1.RecorderQuery/ReadMessages',
+            steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.ReadMessagesRequest.SerializeToString,
             steprec_dot_proto_dot_query_dot_v1_dot_query__pb2.SnapshotChunk.FromString,
             options,
             channel_credentials,
