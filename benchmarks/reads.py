@@ -404,6 +404,10 @@ def profile(data_dir: Path, runs: int, conversations: list[str], long_run: str) 
     names = iter(conversations * 2)
     reads: dict[str, tuple[Callable[[], Any], int]] = {
         "read_snapshot": (lambda: store.read_snapshot(long_run, include_interrupted=False)[1], 20),
+        "read_snapshot_digests": (
+            lambda: store.read_snapshot(long_run, include_interrupted=False, digests_only=True)[1],
+            20,
+        ),
         "list_runs": (lambda: store.list_runs(conversation_id=next(names)), 50),
     }
     for root in [*tree_roots(runs), 0]:
@@ -467,6 +471,11 @@ async def live_reads(
     async def steprec_continue(n: int) -> None:
         out["steprec_messages"] = len(await continue_run(client, run_id=steprec_long))
 
+    uncached = RecorderClient(client.endpoint, message_cache_bytes=0)  # every read as a client's first
+
+    async def steprec_first_read(n: int) -> None:
+        await continue_run(uncached, run_id=steprec_long)
+
     async def harness_continue(n: int) -> None:
         out["harness_messages"] = len(await harness_continue_run(store, run_id=harness_long))
 
@@ -484,8 +493,12 @@ async def live_reads(
             parts["validate"].seconds.append(time.perf_counter() - received)
         out["snapshot_bytes"] = len(joined)
 
-    reads = {"steprec": steprec_continue, "harness": harness_continue, "steprec_parts": steprec_in_parts}
-    out["continue_run"] = await interleaved(reads, config["repeats"])
+    reads = {"steprec": steprec_continue, "steprec_first": steprec_first_read, "harness": harness_continue,
+             "steprec_parts": steprec_in_parts}  # fmt: skip
+    try:
+        out["continue_run"] = await interleaved(reads, config["repeats"])
+    finally:
+        await uncached.close()
     out["continue_parts"] = out["continue_run"].pop("steprec_parts")
     out["receive"], out["validate"] = parts["receive"], parts["validate"]
 
@@ -668,6 +681,8 @@ def reads_table(config: dict, facts: dict[str, Any]) -> str:
         f"| `continue_run(run_id=...)` of the {steps}-step run ({facts['steprec_messages']:,} messages) "
         f"| {cont['steprec'].cell()} | {cont['harness'].cell()} | p50 <= {TARGETS_MS['continue_run']:g} ms "
         f"| {_met(cont['steprec'], TARGETS_MS['continue_run'], config)} |",
+        "| the same, by a client that has not read the run before (`RecorderClient(message_cache_bytes=0)`: "
+        f"every message fetched and validated) | {cont['steprec_first'].cell()} | {cont['harness'].cell()} | | |",
         f"| `list_runs(conversation_id=...)`, a random conversation of {CONVERSATION_RUNS} runs "
         f"| {listed['steprec'].cell()} | {listed['harness'].cell()} | p50 <= {TARGETS_MS['list_runs']:g} ms "
         f"| {_met(listed['steprec'], TARGETS_MS['list_runs'], config)} |",
@@ -728,6 +743,7 @@ def fill_table(config: dict, facts: dict[str, Any]) -> str:
 
 def continue_pieces(facts: dict[str, Any]) -> str:
     snap, cont = facts["profile"]["read_snapshot"], facts["continue_run"]["steprec"]
+    digests, first = facts["profile"]["read_snapshot_digests"], facts["continue_run"]["steprec_first"]
     parts, receive, validate = facts["continue_parts"], facts["receive"], facts["validate"]
     lines = [
         f"`continue_run` of the {facts['steprec_messages']:,}-message history "
@@ -735,7 +751,12 @@ def continue_pieces(facts: dict[str, Any]) -> str:
         "",
         "| piece | ms |",
         "|---|---:|",
-        f"| end to end, `continue_run` p50 | {_ms(cont.pct(0.5)) if not cont.error else cont.error} |",
+        f"| end to end, `continue_run` p50, by a client that has read the run before "
+        f"| {_ms(cont.pct(0.5)) if not cont.error else cont.error} |",
+        f"| ... of which the store's `read_snapshot(digests_only=True)` (measured after the recorder stopped) "
+        f"| {_ms(digests.total)} |",
+        f"| end to end, `continue_run` p50, by a client reading it for the first time (message cache off) "
+        f"| {_ms(first.pct(0.5)) if not first.error else first.error} |",
         f"| the same work in two timed parts (interleaved with the above), p50 | {_ms(parts.pct(0.5))} |",
         f"| ... receiving: `ReadSnapshot` over gRPC until all the message bytes arrived, p50 "
         f"| {_ms(receive.pct(0.5))} |",
@@ -756,8 +777,11 @@ def profile_table(config: dict, facts: dict[str, Any]) -> str:
         "| read | end to end p50 | store call | in DuckDB (per statement) | Python around |",
         "|---|---:|---:|---:|---:|",
     ]
-    ends = {"read_snapshot": facts["continue_run"]["steprec"], "list_runs": facts["list_runs"]["steprec"]}
-    labels = {"read_snapshot": "`continue_run` (`read_snapshot`)", "list_runs": "`list_runs(conversation_id=...)`"}
+    ends = {"read_snapshot_digests": facts["continue_run"]["steprec"], "read_snapshot": facts["continue_run"][
+        "steprec_first"], "list_runs": facts["list_runs"]["steprec"]}  # fmt: skip
+    labels = {"read_snapshot_digests": "`continue_run`, read before (`read_snapshot`, digests only)",
+              "read_snapshot": "`continue_run`, first read (`read_snapshot`)",
+              "list_runs": "`list_runs(conversation_id=...)`"}  # fmt: skip
     for kind, end in (("run_tree", "steprec"), ("descendants", "steprec_table")):
         for root in [*tree_roots(runs), 0]:
             ends[f"{kind}:{root}"] = facts[f"tree:{root}"][end]

@@ -273,6 +273,39 @@ def test_a_version_1_file_gains_run_endings_from_its_events(tmp_path: Path) -> N
     store.close()
 
 
+def test_a_run_keeps_one_ending_its_latest_however_often_and_whenever_it_ends(tmp_path: Path) -> None:
+    path = tmp_path / "steprec.duckdb"
+
+    def ended(store: DuckDBStore) -> tuple[str, int, int]:
+        (run,) = store.list_runs(run_id="run-1")
+        cursor = store.cursor()
+        rows = cursor.execute("SELECT count(*) FROM run_endings WHERE run_id = 'run-1'").fetchone()[0]
+        events = cursor.execute("SELECT count(*) FROM events WHERE kind LIKE 'run_%ed' AND kind <> 'run_started'")
+        return run["outcome"], rows, events.fetchone()[0]
+
+    store = DuckDBStore(path)
+    store.ingest([_event("run_started", "0:0:run_started:", registration="reg"),
+                  _event("run_completed", "1:0:run_completed:", index=1),
+                  _event("run_failed", "2:0:run_failed:", index=2)])  # fmt: skip
+    assert ended(store) == ("failed", 1, 2)  # two endings in one request
+    store.ingest([_event("run_completed", "3:0:run_completed:", index=3)])
+    assert ended(store) == ("completed", 1, 3)  # and in a later one
+    store.close()
+    store = DuckDBStore(path)  # a new process: the run's state is loaded from the file
+    store.ingest([_event("run_failed", "4:0:run_failed:", index=4)])
+    assert ended(store) == ("failed", 1, 4)
+    store.close()
+
+    # A schema-3 file kept every ending: opening it keeps each run's latest.
+    old = duckdb.connect(str(path))
+    old.execute("INSERT INTO run_endings SELECT write_seq - 100, run_id, 'run_completed', ended_at FROM run_endings")
+    old.execute("DELETE FROM steprec_schema WHERE version >= 4")
+    old.close()
+    store = DuckDBStore(path)
+    assert ended(store) == ("failed", 1, 4)
+    store.close()
+
+
 def test_the_message_cache_is_bounded_and_keeps_what_was_used() -> None:
     from steprec.proto.sized_cache import SizedCache
 

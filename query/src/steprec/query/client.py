@@ -229,7 +229,7 @@ class RecorderClient:
         """The run and every run below it (delegates, forks, recursively) as one pyarrow Table, or None.
 
         Columns: run_id, depth, parent_run_id, forked_from_run_id, forked_from_snapshot_index,
-        conversation_id, agent_name, started_at, ended_at, outcome; ordered by depth, then start.
+        conversation_id, agent_name, started_at, ended_at, outcome; ordered by depth, then start, then run id.
         The read for trees of many thousands of runs, where `run_tree`'s objects cost too much.
         """
         request = pb.GetDescendantsRequest(run_id=run_id)

@@ -45,6 +45,8 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
         "recorded_at": _TS, "step_index": _INT, "error": _TEXT, "idempotency_key": _TEXT, "effect_summary": _TEXT,
         "record_key": _TEXT, "trace_id": _TEXT, "span_id": _TEXT,
     },
+    # Not a table: ending events that replace an earlier ending of their run, which the applier deletes.
+    "superseded_endings": {"run_id": _TEXT, "write_seq": _INT},
 }  # fmt: skip
 
 _ENDINGS = {"write_seq": _INT, "run_id": _TEXT, "kind": _TEXT, "ended_at": _TS}
@@ -83,7 +85,7 @@ def to_arrow(entries: list[bytes | Batch]) -> dict[str, pa.Table]:
     """Merge logged entries into one Arrow table per table: the columnar batch DuckDB ingests.
 
     `run_endings` is derived here from the events, so it can never disagree with them and the
-    write-ahead log's format does not change.
+    write-ahead log's format does not change. `superseded_endings` is not inserted: see `supersede_endings`.
     """
     merged: dict[str, dict[str, list]] = {}
     for entry in entries:
@@ -107,7 +109,24 @@ def to_arrow(entries: list[bytes | Batch]) -> dict[str, pa.Table]:
 
 
 def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> None:
+    """Insert each staged table, then let later run endings replace earlier ones."""
+    superseding = tables.pop("superseded_endings", None)
     for name, table in tables.items():
         cursor.register("staged_rows", table)
         cursor.execute(f"INSERT INTO {name} BY NAME SELECT * FROM staged_rows")
         cursor.unregister("staged_rows")
+    if superseding is not None:
+        supersede_endings(cursor, superseding)
+
+
+def supersede_endings(cursor: duckdb.DuckDBPyConnection, superseding: pa.Table) -> None:
+    """Keep one `run_endings` row per run, its latest: reading outcomes is then a join, not an aggregate.
+
+    `superseding` holds (run_id, write_seq) of ending events whose run had ended before (ingest knows
+    from its run state; a sender may end a run twice). Rare, so this may scan the table.
+    """
+    cursor.register("superseding", superseding)
+    cursor.execute(
+        "DELETE FROM run_endings e USING superseding s WHERE e.run_id = s.run_id AND e.write_seq < s.write_seq"
+    )
+    cursor.unregister("superseding")

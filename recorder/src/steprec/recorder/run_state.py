@@ -29,6 +29,8 @@ class RunState:
     last_refs: tuple[bytes, ...] = ()
     chain_depth: int = 0
     known_digests: set[bytes] = field(default_factory=set)
+    ended: bool = False
+    """A run-ending event was staged for the run: another one replaces it (`batch.supersede_endings`)."""
     last_sequence: int = 0
     """The write-ahead log entry that last touched the run: its state may be dropped once that is applied."""
 

@@ -13,7 +13,7 @@ import duckdb
 
 from . import tree
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _place_runs(connection: duckdb.DuckDBPyConnection) -> None:
@@ -130,6 +130,12 @@ _MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     """,
     # Where each run stands in the run forest, kept at ingest: reading a tree is then a filter, not a walk.
     3: _place_runs,
+    # One ending per run, the latest, as the applier now keeps it (batch.supersede_endings): outcomes are a join.
+    4: """
+    DELETE FROM run_endings WHERE write_seq IN (
+        SELECT write_seq FROM run_endings QUALIFY write_seq < max(write_seq) OVER (PARTITION BY run_id)
+    );
+    """,
 }
 
 

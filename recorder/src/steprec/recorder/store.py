@@ -41,7 +41,7 @@ import pyarrow as pa
 from steprec.proto import wire
 from steprec.proto.sized_cache import SizedCache
 
-from .batch import Batch, entry_parts, insert, to_arrow
+from .batch import ENDING_KINDS, Batch, entry_parts, insert, to_arrow
 from .decode import (
     Malformed,
     MessageFragmentRecord,
@@ -60,8 +60,8 @@ from .sql import (
     ANCESTORS,
     DESCENDANT_DEPTHS,
     DESCENDANTS,
+    DESCENDANTS_ORDER,
     OUTCOME,
-    RUN_ENDINGS,
     Deadline,
     QueryLimits,
     QueryRun,
@@ -602,6 +602,7 @@ class DuckDBStore:
                 "SELECT idempotency_key FROM events WHERE run_id = ? AND idempotency_key IS NOT NULL", [run_id]
             ).fetchall()
         }  # fmt: skip
+        state.ended = bool(cursor.execute("SELECT 1 FROM run_endings WHERE run_id = ? LIMIT 1", [run_id]).fetchone())
         state.effect_keys = {
             k for (k,) in cursor.execute(
                 "SELECT record_key FROM tool_effects WHERE run_id = ? AND record_key IS NOT NULL", [run_id]
@@ -673,10 +674,15 @@ class DuckDBStore:
             if key in state.event_keys:
                 return False
             state.event_keys.add(key)
+        write_seq = self._seq()
+        if record.kind in ENDING_KINDS:
+            if state.ended:
+                batch.add("superseded_endings", run_id=lineage.run_id, write_seq=write_seq)
+            state.ended = True
         batch.add(
             "events",
             **self._lineage_columns(record),
-            write_seq=self._seq(),
+            write_seq=write_seq,
             kind=record.kind,
             tool_call_id=record.tool_call_id,
             tool_name=record.tool_name,
@@ -1023,14 +1029,13 @@ class DuckDBStore:
             return _dicts(
                 cursor.execute(
                     f"""
-                    {prefix}{"," if prefix else "WITH"} chosen AS ({chosen}),
-                    endings AS ({RUN_ENDINGS.format(restrict="SEMI JOIN chosen c ON e.run_id = c.run_id")})
+                    {prefix}{"," if prefix else "WITH"} chosen AS ({chosen})
                     SELECT * FROM (
                         SELECT c.run_id, c.registration_id, c.conversation_id, c.parent_run_id, c.agent_name,
                                c.metadata, epoch_ns(c.started_at) AS started_at_ns, c.write_seq,
                                c.forked_from_run_id, c.forked_from_snapshot_index, c.depth,
                                epoch_ns(x.ended_at) AS ended_at_ns, {OUTCOME.format(kind="x.kind")} AS outcome
-                        FROM chosen c LEFT JOIN endings x ON x.run_id = c.run_id
+                        FROM chosen c LEFT JOIN main.run_endings x ON x.run_id = c.run_id
                     ) {tail}
                     """,
                     params + tail_params,
@@ -1058,7 +1063,10 @@ class DuckDBStore:
 
     def descendants(self, run_id: str, limits: QueryLimits) -> QueryRun:
         """The run and everything below it as Arrow (sql.DESCENDANTS), under `limits`."""
-        return QueryRun(self.cursor(), DESCENDANTS, limits, (run_id, run_id), prepare=_deeper_registration(run_id))
+        return QueryRun(
+            self.cursor(), DESCENDANTS, limits, (run_id, run_id), prepare=_deeper_registration(run_id),
+            sort_by=DESCENDANTS_ORDER,
+        )  # fmt: skip
 
     def read_media(self, uri: str) -> bytes | None:
         """A blob a stored message refers to, checked against its digest; None for any other URI.

@@ -131,7 +131,8 @@ class RecorderQueryServicer:
     def GetDescendants(self, request, context):
         """A run and all its descendants and forks as columns (Arrow, see ArrowChunk): run_id, depth,
         parent_run_id, forked_from_run_id, forked_from_snapshot_index, conversation_id, agent_name,
-        started_at, ended_at, outcome; the run itself first. The read for very large trees.
+        started_at, ended_at, outcome; by depth, then start time, then run id (the run itself first).
+        The read for very large trees.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
