@@ -226,6 +226,9 @@ def test_a_store_from_before_the_ancestry_gains_it_when_opened(tmp_path: Path) -
     # Make it the file a schema-2 recorder left: no run_ancestry table, version 2 recorded last.
     old = duckdb.connect(str(path))
     old.execute("DROP TABLE run_ancestry")
+    old.execute("DROP INDEX run_endings_run_id")  # DuckDB alters no table with an index
+    old.execute("ALTER TABLE run_endings DROP COLUMN run_seq")
+    old.execute("CREATE INDEX run_endings_run_id ON run_endings (run_id)")
     old.execute("DELETE FROM steprec_schema WHERE version >= 3")
     old.close()
     store = DuckDBStore(path)

@@ -298,11 +298,51 @@ def test_a_run_keeps_one_ending_its_latest_however_often_and_whenever_it_ends(tm
 
     # A schema-3 file kept every ending: opening it keeps each run's latest.
     old = duckdb.connect(str(path))
+    old.execute("DROP INDEX run_endings_run_id")  # DuckDB alters no table with an index
+    old.execute("ALTER TABLE run_endings DROP COLUMN run_seq")
+    old.execute("CREATE INDEX run_endings_run_id ON run_endings (run_id)")
     old.execute("INSERT INTO run_endings SELECT write_seq - 100, run_id, 'run_completed', ended_at FROM run_endings")
     old.execute("DELETE FROM steprec_schema WHERE version >= 4")
     old.close()
     store = DuckDBStore(path)
     assert ended(store) == ("failed", 1, 4)
+    store.close()
+
+
+def _descendant_outcomes(store: DuckDBStore, run_id: str) -> list[tuple[str, str]]:
+    import pyarrow as pa
+    from steprec.recorder.sql import UNLIMITED
+
+    table = pa.ipc.open_stream(b"".join(store.descendants(run_id, UNLIMITED))).read_all()
+    return list(zip(table["run_id"].to_pylist(), table["outcome"].to_pylist(), strict=True))
+
+
+def test_an_ending_staged_before_its_run_is_registered_still_ends_it(store: DuckDBStore) -> None:
+    # A stranger may send the ending first; the applier finds the run's row once it is there.
+    store.ingest([_event("run_completed", "1:0:run_completed:", index=1),
+                  _event("run_started", "0:0:run_started:", registration="reg")])  # fmt: skip
+    assert _descendant_outcomes(store, "run-1") == [("run-1", "completed")]
+
+
+def test_a_log_entry_of_the_first_format_still_ends_its_run(tmp_path: Path) -> None:
+    """Entries a recorder before schema 5 logged carry no `run_endings`: they come from their events."""
+    import marshal
+
+    from steprec.recorder.batch import Batch, insert, to_arrow
+
+    path = tmp_path / "steprec.duckdb"
+    store = DuckDBStore(path)
+    store.ingest([_event("run_started", "0:0:run_started:", registration="reg")])
+    store.close()
+    staged = Batch()
+    staged.add("events", write_seq=10**6, run_id="run-1", kind="run_failed", step_index=0, recorded_at=1, metadata=[])
+    tables = to_arrow([marshal.dumps(({"events": staged.columns["events"]}, [], []))])
+    assert tables["run_endings"]["kind"].to_pylist() == ["run_failed"]
+    connection = duckdb.connect(str(path))
+    insert(connection, tables)
+    connection.close()
+    store = DuckDBStore(path)
+    assert _descendant_outcomes(store, "run-1") == [("run-1", "failed")]
     store.close()
 
 

@@ -114,6 +114,8 @@ class RecorderClient:
     Every call returns typed records (`RunRecord`, `StepEvent`, `Snapshot`,
     `ToolEffectRecord`) and raises `RecorderUnavailable` when the recorder
     cannot be reached, `ValueError` for an argument the recorder refused.
+    Histories are read through a cache of validated messages bounded by `message_cache_bytes`
+    (history_cache.py: what it shares between the histories it returns, and why).
     """
 
     def __init__(

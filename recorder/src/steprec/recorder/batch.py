@@ -11,7 +11,6 @@ import marshal
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 _TS = pa.timestamp("ns", tz="UTC")
 _TEXT = pa.string()
@@ -45,12 +44,14 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
         "recorded_at": _TS, "step_index": _INT, "error": _TEXT, "idempotency_key": _TEXT, "effect_summary": _TEXT,
         "record_key": _TEXT, "trace_id": _TEXT, "span_id": _TEXT,
     },
+    "run_endings": {"write_seq": _INT, "run_id": _TEXT, "kind": _TEXT, "ended_at": _TS, "run_seq": _INT},
     # Not a table: ending events that replace an earlier ending of their run, which the applier deletes.
     "superseded_endings": {"run_id": _TEXT, "write_seq": _INT},
 }  # fmt: skip
 
-_ENDINGS = {"write_seq": _INT, "run_id": _TEXT, "kind": _TEXT, "ended_at": _TS}
 ENDING_KINDS = ("run_completed", "run_failed")
+_FORMAT = 2
+"""Log entries of format 1 (a 3-tuple) staged no `run_endings`: they are derived from their events."""
 
 
 class Batch:
@@ -74,18 +75,40 @@ class Batch:
         """A write-ahead log entry. `marshal` is the fastest codec for these plain values, and the
         log is the recorder's own owner-only, checksummed file, never input from outside."""
         tables = {t: c for t, c in self.columns.items() if next(iter(c.values()))}
-        return marshal.dumps((tables, self.assembled, self.pruned))
+        return marshal.dumps((tables, self.assembled, self.pruned, _FORMAT))
 
 
 def entry_parts(entry: bytes | Batch) -> tuple[dict[str, dict[str, list]], list[bytes], list[int]]:
-    return marshal.loads(entry) if isinstance(entry, bytes) else (entry.columns, entry.assembled, entry.pruned)
+    if not isinstance(entry, bytes):
+        return entry.columns, entry.assembled, entry.pruned
+    tables, assembled, pruned, *format_ = marshal.loads(entry)
+    if not format_:
+        tables = _with_endings(tables)
+    return tables, assembled, pruned
+
+
+def _with_endings(tables: dict[str, dict[str, list]]) -> dict[str, dict[str, list]]:
+    """A format-1 entry's tables with the `run_endings` rows its ending events make (their run_seq unknown)."""
+    events = tables.get("events")
+    endings = [i for i, kind in enumerate(events["kind"]) if kind in ENDING_KINDS] if events else []
+    if not endings:
+        return tables
+    derived = {
+        name: [events[source][i] for i in endings]
+        for name, source in (
+            ("write_seq", "write_seq"),
+            ("run_id", "run_id"),
+            ("kind", "kind"),
+            ("ended_at", "recorded_at"),
+        )
+    }
+    return {**tables, "run_endings": {**derived, "run_seq": [None] * len(endings)}}  # fmt: skip
 
 
 def to_arrow(entries: list[bytes | Batch]) -> dict[str, pa.Table]:
     """Merge logged entries into one Arrow table per table: the columnar batch DuckDB ingests.
 
-    `run_endings` is derived here from the events, so it can never disagree with them and the
-    write-ahead log's format does not change. `superseded_endings` is not inserted: see `supersede_endings`.
+    `superseded_endings` is not inserted: see `supersede_endings`.
     """
     merged: dict[str, dict[str, list]] = {}
     for entry in entries:
@@ -99,12 +122,6 @@ def to_arrow(entries: list[bytes | Batch]) -> dict[str, pa.Table]:
         for table, columns in merged.items()
         if next(iter(columns.values()))
     }
-    if "events" in tables:
-        endings = tables["events"].filter(pc.is_in(tables["events"]["kind"], pa.array(ENDING_KINDS)))
-        if endings.num_rows:
-            tables["run_endings"] = endings.select(["write_seq", "run_id", "kind", "recorded_at"]).rename_columns(
-                list(_ENDINGS)
-            )
     return tables
 
 
@@ -117,6 +134,11 @@ def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> No
         cursor.unregister("staged_rows")
     if superseding is not None:
         supersede_endings(cursor, superseding)
+    if "run_endings" in tables and tables["run_endings"]["run_seq"].null_count:
+        # An ending whose run was not registered when it was staged (or a format-1 entry's): find its row now.
+        cursor.execute(
+            "UPDATE run_endings e SET run_seq = r.write_seq FROM runs r WHERE e.run_seq IS NULL AND r.run_id = e.run_id"
+        )
 
 
 def supersede_endings(cursor: duckdb.DuckDBPyConnection, superseding: pa.Table) -> None:

@@ -29,6 +29,8 @@ class RunState:
     last_refs: tuple[bytes, ...] = ()
     chain_depth: int = 0
     known_digests: set[bytes] = field(default_factory=set)
+    run_seq: int | None = None
+    """The `write_seq` of the run's `runs` row, which its `run_endings` row carries (a tree read joins on it)."""
     ended: bool = False
     """A run-ending event was staged for the run: another one replaces it (`batch.supersede_endings`)."""
     last_sequence: int = 0

@@ -13,15 +13,20 @@ import duckdb
 
 from . import tree
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _place_runs(connection: duckdb.DuckDBPyConnection) -> None:
-    """Schema v3: each run's place in the run forest (tree.py), computed for the runs already stored."""
+    """Schema v5: each run's place in the run forest (tree.py), computed for the runs already stored, and
+    each run ending's `run_seq`."""
+    connection.execute("DROP INDEX run_endings_run_id")  # DuckDB alters no table with an index
+    connection.execute("ALTER TABLE run_endings ADD COLUMN run_seq BIGINT")
+    connection.execute("UPDATE run_endings e SET run_seq = r.write_seq FROM runs r WHERE r.run_id = e.run_id")
+    connection.execute("CREATE INDEX run_endings_run_id ON run_endings (run_id)")
+    connection.execute("DROP TABLE IF EXISTS run_ancestry")
     connection.execute(tree.TABLE)
-    tree.link(
-        connection, connection.execute("SELECT run_id, parent_run_id, forked_from_run_id FROM runs").to_arrow_table()
-    )
+    runs = connection.execute("SELECT run_id, parent_run_id, forked_from_run_id, write_seq FROM runs")
+    tree.link(connection, runs.to_arrow_table())
 
 
 _MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
@@ -129,13 +134,17 @@ _MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     CREATE INDEX run_endings_run_id ON run_endings (run_id);
     """,
     # Where each run stands in the run forest, kept at ingest: reading a tree is then a filter, not a walk.
-    3: _place_runs,
+    # Now made by version 5 (the same table with each run's `write_seq`), which replaces it.
+    3: "SELECT 1",
     # One ending per run, the latest, as the applier now keeps it (batch.supersede_endings): outcomes are a join.
     4: """
     DELETE FROM run_endings WHERE write_seq IN (
         SELECT write_seq FROM run_endings QUALIFY write_seq < max(write_seq) OVER (PARTITION BY run_id)
     );
     """,
+    # run_ancestry and run_endings with `run_seq`, the write_seq of the run's `runs` row: reading a tree joins on
+    # an integer, and a small tree's reads skip most of the tables by their zone maps (runs come in write order).
+    5: _place_runs,
 }
 
 

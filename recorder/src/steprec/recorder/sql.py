@@ -59,20 +59,20 @@ walk that steps only onto runs it has not reached (`recurring.tree`), so it ends
 a cycle, which a stranger can send."""
 
 DESCENDANT_DEPTHS = (
-    "WITH depths AS (SELECT ?::VARCHAR AS run_id, 0 AS depth"
-    " UNION ALL SELECT run_id, depth FROM main.run_ancestry WHERE ancestor_run_id = ?"
-    " UNION ALL SELECT run_id, depth FROM deeper)"
+    "WITH depths AS (SELECT (SELECT min(write_seq) FROM main.runs WHERE run_id = ?) AS run_seq, 0 AS depth"
+    " UNION ALL SELECT run_seq, depth FROM main.run_ancestry WHERE ancestor_run_id = ?"
+    " UNION ALL SELECT run_seq, depth FROM deeper)"
 )
-"""`depths`: one run (both `?` parameters) and every run below it, each at its least depth: a filter on the
-ancestry kept at ingest (tree.py), plus `deeper`, the Arrow table of `tree.deeper_descendants` the caller
-registers (descendants more than tree.HOP_LIMIT links down, usually none)."""
+"""`depths`: one run (both `?` parameters) and every run below it, each at its least depth, by the `write_seq` of
+its `runs` row: a filter on the ancestry kept at ingest (tree.py), plus `deeper`, the Arrow table of
+`tree.deeper_descendants` the caller registers (descendants more than tree.HOP_LIMIT links down, usually none)."""
 
 DESCENDANTS = f"""
     {DESCENDANT_DEPTHS}
     SELECT r.run_id, d.depth, r.parent_run_id, r.forked_from_run_id, r.forked_from_snapshot_index,
            r.conversation_id, r.agent_name, r.started_at, x.ended_at, {OUTCOME.format(kind="x.kind")} AS outcome
-    FROM main.runs r JOIN depths d ON r.run_id = d.run_id
-    LEFT JOIN main.run_endings x ON x.run_id = r.run_id
+    FROM main.runs r JOIN depths d ON r.write_seq = d.run_seq
+    LEFT JOIN main.run_endings x ON x.run_seq = r.write_seq
 """
 """A run and everything below it, as columns: the read a very large tree needs (no object per run). Sorted
 after DuckDB by DESCENDANTS_ORDER (QueryRun `sort_by`)."""

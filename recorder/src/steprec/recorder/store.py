@@ -594,9 +594,9 @@ class DuckDBStore:
             return state
         state = RunState()
         row = cursor.execute(
-            "SELECT registration_id, max_snapshots FROM runs WHERE run_id = ? LIMIT 1", [run_id]
+            "SELECT registration_id, max_snapshots, write_seq FROM runs WHERE run_id = ? LIMIT 1", [run_id]
         ).fetchone()
-        state.registration_id, state.max_snapshots = row if row else (None, self._default_max_snapshots)
+        state.registration_id, state.max_snapshots, state.run_seq = row or (None, self._default_max_snapshots, None)
         state.event_keys = {
             k for (k,) in cursor.execute(
                 "SELECT idempotency_key FROM events WHERE run_id = ? AND idempotency_key IS NOT NULL", [run_id]
@@ -656,12 +656,13 @@ class DuckDBStore:
                 )
             if state.registration_id is None:
                 state.registration_id = record.registration_id
+                state.run_seq = self._seq()
                 if record.max_snapshots is not None:
                     state.max_snapshots = record.max_snapshots
                 batch.add(
                     "runs",
                     **self._lineage_columns(record),
-                    write_seq=self._seq(),
+                    write_seq=state.run_seq,
                     registration_id=record.registration_id,
                     metadata=list(record.metadata.items()),
                     started_at=lineage.at_unix_nano,
@@ -679,6 +680,8 @@ class DuckDBStore:
             if state.ended:
                 batch.add("superseded_endings", run_id=lineage.run_id, write_seq=write_seq)
             state.ended = True
+            batch.add("run_endings", write_seq=write_seq, run_id=lineage.run_id, kind=record.kind,
+                      ended_at=lineage.at_unix_nano, run_seq=state.run_seq)  # fmt: skip
         batch.add(
             "events",
             **self._lineage_columns(record),
@@ -1054,10 +1057,11 @@ class DuckDBStore:
 
         Descendants are a filter on the ancestry kept at ingest (tree.py); ancestors walk the parent links.
         """
-        chosen = "SELECT r.*, d.depth FROM runs r JOIN depths d ON r.run_id = d.run_id"
         order = "ORDER BY depth, started_at_ns, write_seq"
         if ancestors:
+            chosen = "SELECT r.*, d.depth FROM runs r JOIN depths d ON r.run_id = d.run_id"
             return self._runs(ANCESTORS, chosen, [run_id], order, [], timeout_seconds=timeout_seconds)
+        chosen = "SELECT r.*, d.depth FROM runs r JOIN depths d ON r.write_seq = d.run_seq"
         return self._runs(DESCENDANT_DEPTHS, chosen, [run_id, run_id], order, [], timeout_seconds=timeout_seconds,
                           prepare=_deeper_registration(run_id))  # fmt: skip
 
