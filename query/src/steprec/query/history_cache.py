@@ -38,16 +38,16 @@ class HistoryCache:
     ) -> list[ModelMessage]:
         """The messages `digests` name, in order, each a fresh copy; `fetch` gets the JSON of those not cached
         (each digest once, in order) and must return it in the same order."""
-        found = {digest: entry[0] for digest, entry in self._messages.get_many(digests).items()}
-        if missing := [digest for digest in dict.fromkeys(digests) if digest not in found]:
+        found = self._messages.get_many(digests)  # digest -> (message, size)
+        if len(found) < len(digests) and (missing := [d for d in dict.fromkeys(digests) if d not in found]):
             bodies = await fetch(missing)
             if len(bodies) != len(missing):
                 raise ValueError(f"asked the recorder for {len(missing)} messages and got {len(bodies)}")
             validated = ModelMessagesTypeAdapter.validate_json(b"[" + b",".join(bodies) + b"]")
             for digest, body, message in zip(missing, bodies, validated, strict=True):
-                found[digest] = message
-                self._messages.put(digest, (message, len(body)))
-        return [_copy(found[digest]) for digest in digests]
+                found[digest] = entry = (message, len(body))
+                self._messages.put(digest, entry)
+        return [_copy(found[digest][0]) for digest in digests]
 
 
 def _copy(message: ModelMessage) -> ModelMessage:
