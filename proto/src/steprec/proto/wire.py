@@ -84,7 +84,7 @@ DIGEST_SIZE: Final = 32
 
 def split_digests(blob: bytes) -> tuple[bytes, ...]:
     """Digests sent or stored concatenated (snapshot references, ReadMessages) as a tuple."""
-    return tuple(blob[i : i + DIGEST_SIZE] for i in range(0, len(blob), DIGEST_SIZE))
+    return tuple([blob[i : i + DIGEST_SIZE] for i in range(0, len(blob), DIGEST_SIZE)])  # a list is built faster
 
 
 # Partial-success reasons the exporter acts on. The recorder writes one line per
