@@ -147,7 +147,9 @@ async def serve(options: ServeOptions) -> None:
         store = recorder.store
         metrics_server = await serve_metrics(
             options.metrics_listen,
-            lambda: store.metrics.render(data_dir=options.data_dir, pending_entries=store.pending_entries),
+            lambda: store.metrics.render(
+                data_dir=options.data_dir, pending_entries=store.pending_entries, memory=store.memory_use()
+            ),
             options.token,
         )
         metrics_host, metrics_port = metrics_server.sockets[0].getsockname()[:2]

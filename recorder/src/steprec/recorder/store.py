@@ -53,7 +53,7 @@ from .decode import (
 from .digests import DigestFilter
 from .media import DEFAULT_THRESHOLD, URI_PREFIX, LocalMediaStore, MediaCodec, MediaCorrupt, MediaStore
 from .message_cache import DEFAULT_CACHE_BYTES, MessageCache
-from .metrics import Metrics
+from .metrics import MemoryUse, Metrics
 from .run_state import DEFAULT_RUN_STATE_BYTES, RunState, RunStates, split_refs
 from .schema import migrate
 from .sql import (
@@ -442,6 +442,19 @@ class DuckDBStore:
     @property
     def pending_entries(self) -> int:
         return len(self._pending)
+
+    def memory_use(self) -> MemoryUse:
+        """What each bounded memory holds now. Call it where ingest runs (the event loop): it reads ingest's state."""
+        return MemoryUse(
+            duckdb=int(self._fetch_one("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")),
+            message_cache=self._bodies.bytes,
+            message_cache_entries=self._bodies.entries,
+            run_state=self._states.bytes,
+            run_states=len(self._states),
+            assembly=sum(len(piece) for pieces in self._fragments.values() for piece in pieces.values()),
+            filters=self._digests.nbytes + self._run_ids.nbytes,
+            arrow=pa.total_allocated_bytes(),
+        )
 
     def _wait_applied(self, sequence: int, *, for_write: bool) -> None:
         """Wait until everything logged up to `sequence` is in DuckDB.
