@@ -32,6 +32,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -761,22 +762,23 @@ class SoakResult:
     def duplicates(self) -> int:
         return sum(self.stored.values()) - sum(self.stored_distinct.values())
 
-    def rss_by_window(self, windows: int = 10) -> list[int]:
-        """Max VmRSS (KiB) in each of `windows` equal stretches of the run: where memory levels off."""
-        return [kib or 0 for kib in self._by_window(self.rss_samples, windows)]
+    def rss_by_window(self, windows: int = 10, statistic: Callable[[list[float]], float] = max) -> list[int]:
+        """Max (or another `statistic`) of VmRSS (KiB) in each of `windows` equal stretches of the run:
+        where memory levels off. The max shows passing peaks too, the median the level between them."""
+        return [int(statistic(values)) if values else 0 for values in self._by_window(self.rss_samples, windows)]
 
     def gauge_by_window(self, name: str, windows: int = 10) -> list[float | None]:
         """Max of one memory gauge in each of `windows` equal stretches of the run (those of `rss_by_window`);
         None where no scrape fell."""
-        return self._by_window([(t, gauges[name]) for t, gauges in self.gauge_samples if name in gauges], windows)
+        samples = [(t, gauges[name]) for t, gauges in self.gauge_samples if name in gauges]
+        return [max(values) if values else None for values in self._by_window(samples, windows)]
 
-    def _by_window(self, samples, windows: int) -> list:
+    def _by_window(self, samples, windows: int) -> list[list[float]]:
         end = self.rss_samples[-1][0] or 1.0
-        peaks = [None] * windows
+        values: list[list[float]] = [[] for _ in range(windows)]
         for t, value in samples:
-            slot = min(int(t / end * windows), windows - 1)
-            peaks[slot] = value if peaks[slot] is None else max(peaks[slot], value)
-        return peaks
+            values[min(int(t / end * windows), windows - 1)].append(value)
+        return values
 
     def rss_window_max(self, first: bool) -> int:
         """Max VmRSS (KiB) in the first or the last window: a minute, or a third of a shorter run."""
@@ -969,6 +971,8 @@ def soak_section(result: SoakResult) -> list[str]:
         f"| recorder RSS min / max over the run MiB ({len(samples)} samples) | "
         f"{_mib(min(k for _, k in samples))} / {_mib(max(k for _, k in samples))} |",
         f"| recorder RSS max in each tenth of the run MiB | {' / '.join(_mib(k) for k in result.rss_by_window())} |",
+        f"| recorder RSS median in each tenth of the run MiB | "
+        f"{' / '.join(_mib(k) for k in result.rss_by_window(statistic=statistics.median))} |",
         *(
             f"| {label} max in each tenth MiB | "
             f"{' / '.join('-' if b is None else _mib(int(b) // 1024) for b in result.gauge_by_window(gauge))} |"
