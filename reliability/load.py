@@ -469,33 +469,40 @@ def _sql(endpoint: str, query: str) -> dict[str, int]:
     return asyncio.run(read())
 
 
-def stored_by_agent(endpoint: str, agent_name: str) -> Stored:
-    """Runs, events, snapshots and tool-effect records of `agent_name`, each also counted by record key."""
-    runs = f"(SELECT run_id FROM runs WHERE agent_name = '{agent_name}')"
+_RECORD_KEYS = {
+    "runs": ("runs", "run_id"),
+    "events": ("events", "run_id, idempotency_key"),
+    "snapshots": ("snapshots", "run_id, snapshot_index"),
+    "effect_records": ("tool_effect_records", "run_id, tool_call_id, status"),
+}
+"""Per counted view: the view the rows are in, and the columns that name one record."""
+
+
+def _rows_and_records(endpoint: str, view: str, key: str, where: str) -> tuple[int, int]:
+    """Rows of `view` matching `where`, and distinct records among them by `key`.
+
+    One view per query, distinct by grouping: all of them in one query, with `count(DISTINCT (...))`,
+    needed more than the soak recorder's 128 MiB of DuckDB memory at once after a 720 s run.
+    """
     row = _sql(
         endpoint,
-        f"""SELECT
-            (SELECT count(*) FROM runs WHERE agent_name = '{agent_name}') AS runs,
-            (SELECT count(DISTINCT run_id) FROM runs WHERE agent_name = '{agent_name}') AS runs_distinct,
-            (SELECT count(*) FROM events WHERE run_id IN {runs}) AS events,
-            (SELECT count(DISTINCT (run_id, idempotency_key)) FROM events WHERE run_id IN {runs}) AS events_distinct,
-            (SELECT count(*) FROM snapshots WHERE run_id IN {runs}) AS snapshots,
-            (SELECT count(DISTINCT (run_id, snapshot_index)) FROM snapshots WHERE run_id IN {runs})
-                AS snapshots_distinct,
-            (SELECT count(*) FROM tool_effect_records WHERE run_id IN {runs}) AS effect_records,
-            (SELECT count(DISTINCT (run_id, tool_call_id, status)) FROM tool_effect_records WHERE run_id IN {runs})
-                AS effect_records_distinct""",
+        f"SELECT (SELECT count(*) FROM {view} WHERE {where}) AS n,"
+        f" (SELECT count(*) FROM (SELECT DISTINCT {key} FROM {view} WHERE {where})) AS d",
     )
-    return Stored({k: row[k] for k in COUNTED_VIEWS}, {k: row[f"{k}_distinct"] for k in COUNTED_VIEWS})
+    return row["n"], row["d"]
+
+
+def stored_by_agent(endpoint: str, agent_name: str) -> Stored:
+    """Runs, events, snapshots and tool-effect records of `agent_name`, each also counted by record key."""
+    where = f"run_id IN (SELECT run_id FROM runs WHERE agent_name = '{agent_name}')"
+    counted = {name: _rows_and_records(endpoint, view, key, where) for name, (view, key) in _RECORD_KEYS.items()}
+    return Stored({k: counted[k][0] for k in COUNTED_VIEWS}, {k: counted[k][1] for k in COUNTED_VIEWS})
 
 
 def stored_load(endpoint: str) -> Stored:
     """The load generator's events (runs `load-<n>`), also counted by record key."""
-    row = _sql(
-        endpoint,
-        "SELECT count(*) AS n, count(DISTINCT (run_id, idempotency_key)) AS d FROM events WHERE run_id LIKE 'load-%'",
-    )
-    return Stored({"events": row["n"]}, {"events": row["d"]})
+    rows, records = _rows_and_records(endpoint, "events", _RECORD_KEYS["events"][1], "run_id LIKE 'load-%'")
+    return Stored({"events": rows}, {"events": records})
 
 
 # -- figures ------------------------------------------------------------------------------------
