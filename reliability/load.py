@@ -14,7 +14,8 @@ phases while the agent's connection stays open.
   is read at several sizes of a spooling phase, and at the end every record must
   be stored exactly once.
 - `soak`: several agent processes and a load generator against one recorder for
-  a fixed time; records/s, Export latency, recorder RSS over time, sent = stored.
+  a fixed time; records/s, Export latency, recorder RSS over time and what each
+  part of its memory budget held (its Prometheus gauges), sent = stored.
 
 `main(quick)` runs both and returns the markdown section of the reliability report.
 
@@ -31,14 +32,16 @@ import itertools
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -186,25 +189,31 @@ def status_kib(pid: int, key: str) -> int:
     raise KeyError(f"{key} not in /proc/{pid}/status")
 
 
-class RssSampler:
-    """Samples a process's VmRSS once per `interval` on a thread: `(seconds since start, KiB)` pairs."""
+T = TypeVar("T")
 
-    def __init__(self, pid: int, interval: float = 1.0) -> None:
-        self._pid = pid
+
+class Sampler(Generic[T]):
+    """Calls `read` once per `interval` on a thread: `(seconds since start, value)` pairs.
+
+    A reading that fails (the process is gone, its metrics port does not answer) is skipped.
+    """
+
+    def __init__(self, read: Callable[[], T], interval: float) -> None:
+        self._read = read
         self._interval = interval
         self._stop = threading.Event()
-        self.samples: list[tuple[float, int]] = []
-        self._thread = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
+        self.samples: list[tuple[float, T]] = []
+        self._thread = threading.Thread(target=self._sample, name="sampler", daemon=True)
 
     def _sample(self) -> None:
         started = time.monotonic()
         while True:
             with contextlib.suppress(OSError, KeyError):
-                self.samples.append((time.monotonic() - started, status_kib(self._pid, "VmRSS")))
+                self.samples.append((time.monotonic() - started, self._read()))
             if self._stop.wait(self._interval):
                 return
 
-    def __enter__(self) -> RssSampler:
+    def __enter__(self) -> Sampler[T]:
         self._thread.start()
         return self
 
@@ -460,33 +469,40 @@ def _sql(endpoint: str, query: str) -> dict[str, int]:
     return asyncio.run(read())
 
 
-def stored_by_agent(endpoint: str, agent_name: str) -> Stored:
-    """Runs, events, snapshots and tool-effect records of `agent_name`, each also counted by record key."""
-    runs = f"(SELECT run_id FROM runs WHERE agent_name = '{agent_name}')"
+_RECORD_KEYS = {
+    "runs": ("runs", "run_id"),
+    "events": ("events", "run_id, idempotency_key"),
+    "snapshots": ("snapshots", "run_id, snapshot_index"),
+    "effect_records": ("tool_effect_records", "run_id, tool_call_id, status"),
+}
+"""Per counted view: the view the rows are in, and the columns that name one record."""
+
+
+def _rows_and_records(endpoint: str, view: str, key: str, where: str) -> tuple[int, int]:
+    """Rows of `view` matching `where`, and distinct records among them by `key`.
+
+    One view per query, distinct by grouping: all of them in one query, with `count(DISTINCT (...))`,
+    needed more than the soak recorder's 128 MiB of DuckDB memory at once after a 720 s run.
+    """
     row = _sql(
         endpoint,
-        f"""SELECT
-            (SELECT count(*) FROM runs WHERE agent_name = '{agent_name}') AS runs,
-            (SELECT count(DISTINCT run_id) FROM runs WHERE agent_name = '{agent_name}') AS runs_distinct,
-            (SELECT count(*) FROM events WHERE run_id IN {runs}) AS events,
-            (SELECT count(DISTINCT (run_id, idempotency_key)) FROM events WHERE run_id IN {runs}) AS events_distinct,
-            (SELECT count(*) FROM snapshots WHERE run_id IN {runs}) AS snapshots,
-            (SELECT count(DISTINCT (run_id, snapshot_index)) FROM snapshots WHERE run_id IN {runs})
-                AS snapshots_distinct,
-            (SELECT count(*) FROM tool_effect_records WHERE run_id IN {runs}) AS effect_records,
-            (SELECT count(DISTINCT (run_id, tool_call_id, status)) FROM tool_effect_records WHERE run_id IN {runs})
-                AS effect_records_distinct""",
+        f"SELECT (SELECT count(*) FROM {view} WHERE {where}) AS n,"
+        f" (SELECT count(*) FROM (SELECT DISTINCT {key} FROM {view} WHERE {where})) AS d",
     )
-    return Stored({k: row[k] for k in COUNTED_VIEWS}, {k: row[f"{k}_distinct"] for k in COUNTED_VIEWS})
+    return row["n"], row["d"]
+
+
+def stored_by_agent(endpoint: str, agent_name: str) -> Stored:
+    """Runs, events, snapshots and tool-effect records of `agent_name`, each also counted by record key."""
+    where = f"run_id IN (SELECT run_id FROM runs WHERE agent_name = '{agent_name}')"
+    counted = {name: _rows_and_records(endpoint, view, key, where) for name, (view, key) in _RECORD_KEYS.items()}
+    return Stored({k: counted[k][0] for k in COUNTED_VIEWS}, {k: counted[k][1] for k in COUNTED_VIEWS})
 
 
 def stored_load(endpoint: str) -> Stored:
     """The load generator's events (runs `load-<n>`), also counted by record key."""
-    row = _sql(
-        endpoint,
-        "SELECT count(*) AS n, count(DISTINCT (run_id, idempotency_key)) AS d FROM events WHERE run_id LIKE 'load-%'",
-    )
-    return Stored({"events": row["n"]}, {"events": row["d"]})
+    rows, records = _rows_and_records(endpoint, "events", _RECORD_KEYS["events"][1], "run_id LIKE 'load-%'")
+    return Stored({"events": rows}, {"events": records})
 
 
 # -- figures ------------------------------------------------------------------------------------
@@ -727,8 +743,12 @@ class SoakResult:
     recorder_mean_ingest_seconds: float
     """Recorder-side time per Export (steprec_ingest_seconds_total / steprec_export_requests_total)."""
     rss_samples: tuple[tuple[float, int], ...]
+    gauge_samples: tuple[tuple[float, dict[str, float]], ...]
+    """The recorder's unlabelled metrics, scraped every `GAUGE_SAMPLE_SECONDS`: its memory gauges among them."""
     duckdb_memory_mib: int
-    """The recorder's `--duckdb-memory-mib`: DuckDB's share of its memory bound."""
+    """The recorder's `--duckdb-memory-mib`: DuckDB's share of its memory budget."""
+    message_cache_mib: int
+    run_state_mib: int
     database_bytes: int
     """Size of the DuckDB file and its own log at the end: context for the RSS figures."""
     expected: dict[str, int]
@@ -749,14 +769,23 @@ class SoakResult:
     def duplicates(self) -> int:
         return sum(self.stored.values()) - sum(self.stored_distinct.values())
 
-    def rss_by_window(self, windows: int = 10) -> list[int]:
-        """Max VmRSS (KiB) in each of `windows` equal stretches of the run: where memory levels off."""
+    def rss_by_window(self, windows: int = 10, statistic: Callable[[list[float]], float] = max) -> list[int]:
+        """Max (or another `statistic`) of VmRSS (KiB) in each of `windows` equal stretches of the run:
+        where memory levels off. The max shows passing peaks too, the median the level between them."""
+        return [int(statistic(values)) if values else 0 for values in self._by_window(self.rss_samples, windows)]
+
+    def gauge_by_window(self, name: str, windows: int = 10) -> list[float | None]:
+        """Max of one memory gauge in each of `windows` equal stretches of the run (those of `rss_by_window`);
+        None where no scrape fell."""
+        samples = [(t, gauges[name]) for t, gauges in self.gauge_samples if name in gauges]
+        return [max(values) if values else None for values in self._by_window(samples, windows)]
+
+    def _by_window(self, samples, windows: int) -> list[list[float]]:
         end = self.rss_samples[-1][0] or 1.0
-        peaks = [0] * windows
-        for t, kib in self.rss_samples:
-            slot = min(int(t / end * windows), windows - 1)
-            peaks[slot] = max(peaks[slot], kib)
-        return peaks
+        values: list[list[float]] = [[] for _ in range(windows)]
+        for t, value in samples:
+            values[min(int(t / end * windows), windows - 1)].append(value)
+        return values
 
     def rss_window_max(self, first: bool) -> int:
         """Max VmRSS (KiB) in the first or the last window: a minute, or a third of a shorter run."""
@@ -777,28 +806,37 @@ def soak(
     records_per_request: int = 100,
     requests_per_run: int = 50,
     duckdb_memory_mib: int = 128,
+    message_cache_mib: int = 32,
+    run_state_mib: int = 64,
 ) -> SoakResult:
     """`agents` agent processes and one load generator against one recorder for `seconds`.
 
     Agents run back to back runs of `steps` tool calls, each call pausing
     `tool_delay` (pretend work, which paces them); the load generator sends
-    `load_rate` records/s. The recorder's VmRSS is sampled every second. The recorder runs with
-    `--duckdb-memory-mib duckdb_memory_mib`, small enough that DuckDB's page cache reaches its bound
-    within the run, so the RSS samples show where the recorder's memory levels off.
+    `load_rate` records/s. The recorder's VmRSS is sampled every second, its memory gauges every
+    `GAUGE_SAMPLE_SECONDS`. Its memory budget (DuckDB, message cache, run state) is set small
+    enough for each part to fill within the run, so the samples show where its memory levels off.
     Afterwards every record each process sent is counted in the recorder.
     """
     from steprec.recorder.process import RecorderProcess
 
     names = [f"soak-agent-{i}" for i in range(agents)]
-    metrics_port = ("--metrics-listen", "127.0.0.1:0", "--duckdb-memory-mib", str(duckdb_memory_mib))
-    with RecorderProcess(folder / "recorder", extra_args=metrics_port) as recorder:
+    options = (
+        "--metrics-listen", "127.0.0.1:0", "--duckdb-memory-mib", str(duckdb_memory_mib),
+        "--message-cache-mib", str(message_cache_mib), "--run-state-mib", str(run_state_mib),
+    )  # fmt: skip
+    with RecorderProcess(folder / "recorder", extra_args=options) as recorder:
         processes = [AgentProcess(recorder.endpoint, n, folder / f"spool-{n}") for n in names]
         try:
             # Imports take a second or two: let every agent be ready before the clock starts.
             for process in processes:
                 process.phase(1, runs=1)
             assert recorder.process is not None
-            with RssSampler(recorder.process.pid) as sampler:
+            pid, url = recorder.process.pid, recorder.metrics_url
+            with (
+                Sampler(lambda: status_kib(pid, "VmRSS"), 1.0) as sampler,
+                Sampler(lambda: _scrape(url), GAUGE_SAMPLE_SECONDS) as gauges,
+            ):
                 load = _spawn_load(
                     endpoint=recorder.endpoint,
                     rate=load_rate,
@@ -831,6 +869,8 @@ def soak(
     requests = metrics.get("steprec_export_requests_total", 0.0)
     return SoakResult(
         duckdb_memory_mib=duckdb_memory_mib,
+        message_cache_mib=message_cache_mib,
+        run_state_mib=run_state_mib,
         seconds=max(load_report.seconds, *(r.seconds for r in reports)),
         agents=agents,
         steps=steps,
@@ -842,6 +882,7 @@ def soak(
         export_latency=Latency.of(load_report.latencies),
         recorder_mean_ingest_seconds=metrics.get("steprec_ingest_seconds_total", 0.0) / requests if requests else 0.0,
         rss_samples=tuple(sampler.samples),
+        gauge_samples=tuple(gauges.samples),
         database_bytes=int(metrics.get("steprec_database_bytes", 0)),
         expected=expected,
         stored=counted,
@@ -930,13 +971,20 @@ def soak_section(result: SoakResult) -> list[str]:
         f"| load generator Export latency p50 / p99 / max ms | {result.export_latency.p50 * 1000:,.1f} / "
         f"{result.export_latency.p99 * 1000:,.1f} / {_ms(result.export_latency.max)} |",
         f"| recorder time per Export, mean ms (Prometheus) | {result.recorder_mean_ingest_seconds * 1000:,.2f} |",
-        f"| recorder started with `--duckdb-memory-mib` (DuckDB's page cache and queries) | "
-        f"{result.duckdb_memory_mib} |",
+        f"| recorder's memory budget: `--duckdb-memory-mib` / `--message-cache-mib` / `--run-state-mib` | "
+        f"{result.duckdb_memory_mib} / {result.message_cache_mib} / {result.run_state_mib} |",
         f"| recorder RSS max, first {window:,.0f} s / last {window:,.0f} s MiB | "
         f"{_mib(result.rss_window_max(True))} / {_mib(result.rss_window_max(False))} |",
         f"| recorder RSS min / max over the run MiB ({len(samples)} samples) | "
         f"{_mib(min(k for _, k in samples))} / {_mib(max(k for _, k in samples))} |",
         f"| recorder RSS max in each tenth of the run MiB | {' / '.join(_mib(k) for k in result.rss_by_window())} |",
+        f"| recorder RSS median in each tenth of the run MiB | "
+        f"{' / '.join(_mib(k) for k in result.rss_by_window(statistic=statistics.median))} |",
+        *(
+            f"| {label} max in each tenth MiB | "
+            f"{' / '.join('-' if b is None else _mib(int(b) // 1024) for b in result.gauge_by_window(gauge))} |"
+            for label, gauge in SOAK_GAUGES.items()
+        ),
         f"| DuckDB file at the end MiB | {result.database_bytes / (1 << 20):,.1f} |",
         f"| sent | {_counts(result.expected)} |",
         f"| stored | {_counts(result.stored)} |",
@@ -964,12 +1012,20 @@ test. The padding makes the 60 steps between the memory readings spool about
 18 MB, far more than RSS noise. With the recovery delay, re-sending the spool one request at a time takes
 (spooled requests x delay), above `step_bound` by itself: a drain that held a
 hook for all of it would break the bound however fast the machine is."""
+GAUGE_SAMPLE_SECONDS = 2.0
+SOAK_GAUGES = {
+    "DuckDB memory (`steprec_duckdb_memory_bytes`)": "steprec_duckdb_memory_bytes",
+    "message cache (`steprec_message_cache_bytes`)": "steprec_message_cache_bytes",
+    "run state (`steprec_run_state_bytes`)": "steprec_run_state_bytes",
+    "write-ahead log on disk (`steprec_wal_bytes`)": "steprec_wal_bytes",
+}
+"""The parts of the recorder's memory budget the soak reports tenth by tenth, and its log on disk."""
 QUICK_SOAK_SECONDS = 8.0
 SOAK_SECONDS = 720.0
-"""Long enough for the recorder's bounded memories to fill: DuckDB's page cache (the soak's
-`--duckdb-memory-mib` 128) after about 1,000,000 records (an in-process replay of soak-like traffic),
-and the 10,000 run states ingest keeps after about 330 s of the agents' short runs; what comes after
-shows where RSS levels off. (At 64 MiB the final counting queries ran out of DuckDB memory.)"""
+"""Long enough for the recorder's memory budget to fill and show where RSS levels off: the soak's
+32 MiB message cache and 64 MiB of run state are full after about 170 s (its own gauges, in a
+420 s run); DuckDB's 128 MiB fill more slowly, as reads touch more of the growing file's pages
+(45 MiB after 420 s). (At 64 MiB the final counting queries ran out of DuckDB memory.)"""
 
 
 def slow_options(quick: bool) -> dict[str, Any]:

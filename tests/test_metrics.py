@@ -35,6 +35,12 @@ async def test_metrics_count_what_was_received_and_applied(tmp_path: Path) -> No
         assert metrics["steprec_records_accepted_total"] == received
         assert metrics["steprec_database_bytes"] > 0
         assert metrics["steprec_export_requests_total"] >= 1
+        # What each part of the memory budget holds: the run's messages, its state, DuckDB's pages.
+        assert metrics["steprec_message_cache_entries"] >= 3
+        assert metrics["steprec_message_cache_bytes"] > 3 * 100
+        assert metrics["steprec_run_states"] >= 1 and metrics["steprec_run_state_bytes"] > 1000
+        assert metrics["steprec_duckdb_memory_bytes"] > 0 and metrics["steprec_filter_bytes"] > 0
+        assert metrics["steprec_assembly_bytes"] == 0
     finally:
         recorder.stop()
 

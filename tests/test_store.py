@@ -347,15 +347,18 @@ def test_a_log_entry_of_the_first_format_still_ends_its_run(tmp_path: Path) -> N
 
 
 def test_the_message_cache_is_bounded_and_keeps_what_was_used() -> None:
-    from steprec.proto.sized_cache import SizedCache
+    from steprec.recorder.message_cache import message_cache
 
-    cache = SizedCache[bytes, str](max_bytes=800)
+    eight = message_cache()
+    for n in range(8):
+        eight.put(bytes([n]) * 32, "x" * 100)
+    cache = message_cache(eight.bytes)  # room for exactly these eight
     for n in range(8):
         cache.put(bytes([n]) * 32, "x" * 100)
     cache.get_many({bytes([0]) * 32})  # used: survives the next eviction
     cache.put(bytes([8]) * 32, "y" * 100)
     assert set(cache.get_many({bytes([n]) * 32 for n in range(9)})) == {bytes([n]) * 32 for n in (0, *range(2, 9))}
-    cache.put(bytes([9]) * 32, "z" * 101)  # over an eighth of the bound: not cached at all
+    cache.put(bytes([9]) * 32, "z" * (eight.bytes // 8))  # over an eighth of the bound: not cached at all
     assert cache.get_many({bytes([9]) * 32}) == {}
 
 

@@ -4,26 +4,46 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 from steprec.recorder import store as store_module
 from steprec.recorder.decode import MessageFragmentRecord
+from steprec.recorder.message_cache import message_cache
 from steprec.recorder.store import DuckDBStore
 
-from .test_store import _event, _lineage, _snapshot
+from .test_store import _event, _keyed_snapshot, _lineage, _message, _snapshot
 
 
-def test_idle_runs_are_forgotten_and_their_replays_still_suppressed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(store_module, "MAX_RUN_STATES", 20)
-    store = DuckDBStore(tmp_path / "steprec.duckdb")
+def _deep_size(obj: object, seen: set[int]) -> int:
+    """`sys.getsizeof` of `obj` and of everything it holds, each object once (shared small ints left out)."""
+    if id(obj) in seen or obj is None or isinstance(obj, bool) or (type(obj) is int and -5 <= obj <= 256):
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, str | bytes | int):
+        return size
+    if isinstance(obj, dict):
+        items = [*obj.keys(), *obj.values()]
+    elif isinstance(obj, list | tuple | set):
+        items = list(obj)
+    elif hasattr(obj, "__slots__"):
+        items = [getattr(obj, name) for name in obj.__slots__]
+    else:
+        items = list(vars(obj).values())
+    return size + sum(_deep_size(item, seen) for item in items)
+
+
+def test_idle_runs_are_forgotten_and_their_replays_still_suppressed(tmp_path: Path) -> None:
+    budget = 30_000  # about 20 states of one registration
+    store = DuckDBStore(tmp_path / "steprec.duckdb", run_state_bytes=budget)
     try:
         for n in range(100):
             store.ingest([_event("run_started", "0:0:run_started:", run_id=f"run-{n}", registration=f"reg-{n}")])
             store.cursor().close()  # applied, so the run is idle and may be forgotten
-        assert len(store._states) <= 20
+        assert store._states.bytes <= budget and 5 < len(store._states) < 50
         # Run 0 was forgotten long ago; its replay and a second registration are judged from the database.
         refusals, suppressed = store.ingest(
             [
@@ -38,10 +58,9 @@ def test_idle_runs_are_forgotten_and_their_replays_still_suppressed(
 
 
 def test_a_run_with_records_still_in_the_log_is_not_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "MAX_RUN_STATES", 5)
     monkeypatch.setattr(store_module, "APPLY_LINGER_SECONDS", 3600)  # nothing is applied until a read
     monkeypatch.setattr(store_module, "APPLY_BATCH_ENTRIES", 10**9)
-    store = DuckDBStore(tmp_path / "steprec.duckdb")
+    store = DuckDBStore(tmp_path / "steprec.duckdb", run_state_bytes=5000)  # room for about 5
     try:
         for n in range(12):
             store.ingest([_event("model_request_started", f"k{n}", run_id=f"run-{n}")])
@@ -154,3 +173,59 @@ def test_message_json_nested_too_deep_is_refused_not_a_failed_request() -> None:
     request = ExportLogsServiceRequest(resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=[record])])])
     records, refusals = decode_request(request)
     assert records == [] and [(r.code, "nests deeper than 200" in r.reason) for r in refusals] == [("bad_body", True)]
+
+
+def test_run_states_stay_within_their_memory_budget_however_many_keys_a_run_holds(tmp_path: Path) -> None:
+    # Bounded only by a count of runs (10,000), the soak's load runs of 5,000 event keys each made
+    # the recorder hold about 300 MiB of run state. 12 runs of 2,000 keys are about 2.7 MiB.
+    budget = 1 << 20
+    store = DuckDBStore(tmp_path / "steprec.duckdb", run_state_bytes=budget)
+    try:
+        for run in range(12):
+            for request in range(10):
+                store.ingest([
+                    _event("model_request_started", f"{request}:{i}", run_id=f"load-{run}", index=i)
+                    for i in range(200)
+                ])  # fmt: skip
+            store.cursor().close()  # applied, so the run is idle and may be forgotten
+        assert store._states.bytes <= budget
+        assert _deep_size(store._states, set()) <= budget
+        assert 1 < len(store._states) < 12
+        # The first run was forgotten; its replay is still suppressed, judged from the database.
+        assert store.ingest([_event("model_request_started", "0:0", run_id="load-0")]) == ([], 1)
+    finally:
+        store.close()
+
+
+def test_a_run_state_measures_what_it_holds(tmp_path: Path) -> None:
+    store = DuckDBStore(tmp_path / "steprec.duckdb")
+    try:
+        store.ingest([_event("run_started", "0:0:run_started:", registration="reg")])
+        for request in range(10):
+            store.ingest([_event("model_request_started", f"{request}:{i}:é", index=i) for i in range(100)])
+        messages = [_message(i) for i in range(40)]
+        store.ingest([_keyed_snapshot(i, f"{i}:{i}:complete", messages[: i + 1]) for i in range(40)])
+        state = store._states.get("run-1")
+        assert state is not None
+        held = _deep_size(state, set())
+        assert 0.95 * held <= state.memory_bytes() <= 1.05 * held
+    finally:
+        store.close()
+
+
+def test_the_message_cache_bound_is_the_memory_it_holds() -> None:
+    # Counted in characters, text beyond Latin-1 (2 or 4 bytes a character in CPython) and each
+    # entry's digest and links made the cache hold up to 4 times its bound.
+    bound = 1 << 20
+    cache = message_cache(bound)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(3000):
+            body = json.dumps({"n": n, "text": ("é", "→", "😀")[n % 3] * 600}, ensure_ascii=False)
+            cache.put(hashlib.sha256(body.encode()).digest(), body)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert cache.bytes <= bound and held <= 1.05 * bound
+    assert held >= 0.9 * cache.bytes  # what it counts is what it holds

@@ -48,6 +48,22 @@ def test_segments_rotate_and_applied_ones_are_released(tmp_path: Path, monkeypat
     assert WriteAheadLog(tmp_path).last_sequence == 4
 
 
+def test_segments_rotate_under_steady_load_when_something_is_always_pending(tmp_path: Path, monkeypatch) -> None:
+    # The applier never finds everything applied while requests keep arriving; rotating only then
+    # let one segment grow without end (by 0.5 MiB/s, 194 MiB after 400 s of the soak).
+    from steprec.recorder import wal as wal_module
+
+    monkeypatch.setattr(wal_module, "ROTATE_BYTES", 100)
+    log = WriteAheadLog(tmp_path)
+    for n in range(1, 200):
+        log.append(b"x" * 20)
+        log.release(n - 1)  # the newest entry is always still pending
+    assert sum(p.stat().st_size for p in tmp_path.glob("wal-*.log")) < 400
+    assert [s for s, _ in log.entries_after(198)] == [199]
+    log.close()
+    assert [s for s, _ in WriteAheadLog(tmp_path).entries_after(198)] == [199]
+
+
 def test_acknowledged_requests_survive_sigkill_before_they_are_applied(tmp_path: Path) -> None:
     # A child ingests while the applier is held back, then dies without any cleanup.
     child = textwrap.dedent(

@@ -35,5 +35,9 @@ class DigestFilter:
         return all(self._bits[p >> 3] & (1 << (p & 7)) for p in self._positions(digest))
 
     @property
+    def nbytes(self) -> int:
+        return len(self._bits)
+
+    @property
     def full(self) -> bool:
         return self.count > self.capacity

@@ -2,7 +2,9 @@
 
 Counters are plain integers updated on the ingest and applier paths (each has
 one writer), rendered on request. With a token configured, a scrape must send
-it too, as `Authorization: Bearer <token>`.
+it too, as `Authorization: Bearer <token>`. The memory gauges show what each part
+of the recorder's memory budget holds (docs/storage.md), so a growing process can
+be told apart from a filling cache.
 """
 
 from __future__ import annotations
@@ -12,6 +14,20 @@ import hmac
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """What the recorder's bounded memories hold at one moment, in bytes unless named otherwise."""
+
+    duckdb: int
+    message_cache: int
+    message_cache_entries: int
+    run_state: int
+    run_states: int
+    assembly: int
+    filters: int
+    arrow: int
 
 
 @dataclass
@@ -35,7 +51,7 @@ class Metrics:
         self.records_accepted += received - len(rejected) - suppressed
         self.ingest_seconds += seconds
 
-    def render(self, *, data_dir: Path, pending_entries: int) -> str:
+    def render(self, *, data_dir: Path, pending_entries: int, memory: MemoryUse) -> str:
         database_bytes = sum(p.stat().st_size for p in data_dir.glob("steprec.duckdb*"))
         wal_bytes = sum(p.stat().st_size for p in (data_dir / "wal").glob("wal-*.log"))
         lines = [
@@ -66,6 +82,23 @@ class Metrics:
             *_metric("steprec_wal_pending_entries", "gauge", "logged requests not yet in DuckDB", pending_entries),
             *_metric("steprec_wal_bytes", "gauge", "bytes in write-ahead log segments", wal_bytes),
             *_metric("steprec_database_bytes", "gauge", "bytes of the DuckDB file and its own WAL", database_bytes),
+            *_metric(
+                "steprec_duckdb_memory_bytes",
+                "gauge",
+                "memory DuckDB's buffer manager holds (duckdb_memory())",
+                memory.duckdb,
+            ),
+            *_metric("steprec_message_cache_bytes", "gauge", "memory the message cache holds", memory.message_cache),
+            *_metric(
+                "steprec_message_cache_entries", "gauge", "message bodies in the cache", memory.message_cache_entries
+            ),
+            *_metric("steprec_run_state_bytes", "gauge", "memory ingest's per-run state holds", memory.run_state),
+            *_metric("steprec_run_states", "gauge", "runs whose ingest state is in memory", memory.run_states),
+            *_metric("steprec_assembly_bytes", "gauge", "pieces of unfinished large messages held", memory.assembly),
+            *_metric(
+                "steprec_filter_bytes", "gauge", "the Bloom filters over message digests and run ids", memory.filters
+            ),  # fmt: skip
+            *_metric("steprec_arrow_allocated_bytes", "gauge", "pyarrow's memory pool in use", memory.arrow),
         ]
         return "\n".join(lines) + "\n"
 

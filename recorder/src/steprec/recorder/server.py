@@ -19,8 +19,10 @@ from .admin_service import RecorderAdmin
 from .auth import ReadableRequests, TokenAuth
 from .ingest import LogsIngest
 from .media import DEFAULT_THRESHOLD, open_media_store
+from .message_cache import DEFAULT_CACHE_BYTES
 from .metrics import serve_metrics
 from .query_service import RecorderQuery
+from .run_state import DEFAULT_RUN_STATE_BYTES
 from .store import DEFAULT_MEMORY_LIMIT_MIB, DuckDBStore, skip_pandas_lookups
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,10 @@ class ServeOptions:
     max_snapshots_per_run: int | None = None
     duckdb_memory_mib: int = DEFAULT_MEMORY_LIMIT_MIB
     """DuckDB's memory limit (page cache and queries); it spills to disk beyond it."""
+    message_cache_mib: int = DEFAULT_CACHE_BYTES >> 20
+    """Memory for recently written or read message bodies."""
+    run_state_mib: int = DEFAULT_RUN_STATE_BYTES >> 20
+    """Memory for ingest's state of recently written runs; others are loaded again when they return."""
     token: str | None = field(default=None, repr=False)
     """Required bearer token for every call but health checks (never printed)."""
     tls_cert: Path | None = None
@@ -78,6 +84,8 @@ class Recorder:
             fsync=options.fsync,
             max_snapshots_per_run=options.max_snapshots_per_run,
             memory_limit_mib=options.duckdb_memory_mib,
+            message_cache_bytes=options.message_cache_mib << 20,
+            run_state_bytes=options.run_state_mib << 20,
             media_threshold=options.media_threshold,
             media_store=open_media_store(
                 options.media,
@@ -139,7 +147,9 @@ async def serve(options: ServeOptions) -> None:
         store = recorder.store
         metrics_server = await serve_metrics(
             options.metrics_listen,
-            lambda: store.metrics.render(data_dir=options.data_dir, pending_entries=store.pending_entries),
+            lambda: store.metrics.render(
+                data_dir=options.data_dir, pending_entries=store.pending_entries, memory=store.memory_use()
+            ),
             options.token,
         )
         metrics_host, metrics_port = metrics_server.sockets[0].getsockname()[:2]

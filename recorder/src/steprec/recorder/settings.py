@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .message_cache import DEFAULT_CACHE_BYTES
+from .run_state import DEFAULT_RUN_STATE_BYTES
+
 
 def listen_address(value: str) -> str:
     host, separator, port = value.rpartition(":")
@@ -77,7 +80,12 @@ SETTINGS = (
     Setting("max_snapshots_per_run", positive_int, None, "keep at most N snapshots per run (plus the newest and "
             "the newest complete) unless the run asks for its own bound; none keeps all"),
     Setting("duckdb_memory_mib", positive_int, 1024, "memory DuckDB may use for its page cache and queries, in "
-            "MiB (it spills to disk beyond); with the 128 MiB message cache this bounds the recorder's memory"),
+            "MiB (it spills to disk beyond); one of the parts of the recorder's memory budget (docs/storage.md)"),
+    Setting("message_cache_mib", positive_int, DEFAULT_CACHE_BYTES >> 20, "memory for recently written or read "
+            "message bodies, in MiB, so reading a live run skips DuckDB"),
+    Setting("run_state_mib", positive_int, DEFAULT_RUN_STATE_BYTES >> 20, "memory for ingest's state of recently "
+            "written runs (replay keys, last references), in MiB; a run dropped beyond it is loaded from the "
+            "database when it returns"),
     Setting("media", str, None, "where media blobs go: s3://bucket/prefix (S3-compatible; credentials from the "
             "usual AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment or AWS config) or a folder; "
             "none: <data>/media"),

@@ -10,8 +10,8 @@ applied, so a reader never misses an acknowledged record.
 
 Per-run state lives in memory and is loaded from the database the first time
 a run is seen after start-up; it runs ahead of DuckDB only by what the log
-already holds durably. At most `MAX_RUN_STATES` runs are kept; idle ones are
-dropped and loaded again when they come back.
+already holds durably. It is kept within a memory budget (`RunStates`); idle
+runs beyond it are dropped and loaded again when they come back.
 
 A full or unwritable disk stalls the applier and refuses ingest (`StoreUnavailable`,
 which the exporters retry) without blocking reads, which then see what is applied;
@@ -53,8 +53,9 @@ from .decode import (
 )
 from .digests import DigestFilter
 from .media import DEFAULT_THRESHOLD, URI_PREFIX, LocalMediaStore, MediaCodec, MediaCorrupt, MediaStore
-from .metrics import Metrics
-from .run_state import RunState, retained_snapshots
+from .message_cache import DEFAULT_CACHE_BYTES, message_cache
+from .metrics import MemoryUse, Metrics
+from .run_state import DEFAULT_RUN_STATE_BYTES, RunState, RunStates
 from .schema import migrate
 from .sql import (
     ANCESTORS,
@@ -114,12 +115,6 @@ MAX_ASSEMBLY_BYTES = 1 << 30
 """Unfinished large messages the recorder holds in memory at most (1 GiB); the oldest give way."""
 DEFAULT_MEMORY_LIMIT_MIB = 1024
 """DuckDB's memory limit unless the recorder is told otherwise (`--duckdb-memory-mib`)."""
-MAX_RUN_STATES = 10_000
-"""Runs whose ingest state is kept in memory; an idle run beyond this is loaded again when it returns."""
-MESSAGE_CACHE_BYTES = 128 << 20
-"""Bodies of recently written or read messages kept in memory, so reading a live run's history skips the
-join against the whole messages table (a scan that grows with the store): the runs people continue or
-fork are mostly the ones just written. A digest names one body forever, so an entry never goes stale."""
 SNAPSHOT_CACHE_BYTES = 32 << 20
 """Snapshots read lately, their info and the reference list rebuilt from their delta chain (32 bytes per
 message: 500 snapshots of 2,000 messages), so reading one again costs one small statement, not three."""
@@ -143,7 +138,7 @@ def _snapshot_filter(run_id: str, *, include_interrupted: bool, snapshot_index: 
 
 
 def _snapshot_size(entry: tuple[dict, bytes]) -> int:
-    return len(entry[1]) + 512  # the info dict, roughly
+    return sys.getsizeof(entry[1]) + 512  # the info dict, roughly
 
 
 class StoreUnavailable(Exception):
@@ -184,6 +179,8 @@ class DuckDBStore:
         memory_limit_mib: int = DEFAULT_MEMORY_LIMIT_MIB,
         media_threshold: int = DEFAULT_THRESHOLD,
         media_store: MediaStore | None = None,
+        message_cache_bytes: int = DEFAULT_CACHE_BYTES,
+        run_state_bytes: int = DEFAULT_RUN_STATE_BYTES,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         new = not path.exists()
@@ -207,11 +204,11 @@ class DuckDBStore:
         install_views(self._connection)
         lock_down(self._connection)
         self._write_lock = threading.Lock()
-        self._states: dict[str, RunState] = {}
+        self._states = RunStates(run_state_bytes)
         self._default_max_snapshots = max_snapshots_per_run
         media_store = media_store or LocalMediaStore(path.parent / "media", fsync=fsync)
         self._media = MediaCodec(media_store, threshold=media_threshold)
-        self._bodies = SizedCache[bytes, str](MESSAGE_CACHE_BYTES)
+        self._bodies = message_cache(message_cache_bytes)
         self._snapshots = SizedCache[tuple[str, int], tuple[dict, bytes]](SNAPSHOT_CACHE_BYTES, size=_snapshot_size)
         self.metrics = Metrics()
         self._fragments: dict[bytes, dict[int, bytes]] = {}
@@ -472,6 +469,19 @@ class DuckDBStore:
     def pending_entries(self) -> int:
         return len(self._pending)
 
+    def memory_use(self) -> MemoryUse:
+        """What each bounded memory holds now. Call it where ingest runs (the event loop): it reads ingest's state."""
+        return MemoryUse(
+            duckdb=int(self._fetch_one("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")),
+            message_cache=self._bodies.bytes,
+            message_cache_entries=self._bodies.entries,
+            run_state=self._states.bytes,
+            run_states=len(self._states),
+            assembly=sum(len(piece) for pieces in self._fragments.values() for piece in pieces.values()),
+            filters=self._digests.nbytes + self._run_ids.nbytes,
+            arrow=pa.total_allocated_bytes(),
+        )
+
     def _wait_applied(self, sequence: int, *, for_write: bool) -> None:
         """Wait until everything logged up to `sequence` is in DuckDB.
 
@@ -527,19 +537,19 @@ class DuckDBStore:
                         suppressed += not applied
                     except Malformed as error:
                         refusals.append(Refusal(record.lineage.index, error.code, str(error)))
+                sequence = None
                 if batch:
                     sequence = self._wal.append(batch.encode())
                     with self._cond:
                         self._pending.append((sequence, batch, staged_digests))
                         self._pending_digests |= staged_digests
                         self._cond.notify_all()
-                    for run_id in touched:
-                        self._states[run_id].last_sequence = sequence
+                self._states.touch(touched, sequence)
             except BaseException as error:
                 # Nothing of this request is durable, but its runs' state may already count part of
                 # it: load that state again once everything logged before it is applied.
                 for run_id in touched:
-                    self._states.pop(run_id, None)
+                    self._states.drop(run_id)
                     self._stale_runs[run_id] = self._wal.last_sequence
                 self._fragments.clear()
                 if isinstance(error, OSError):
@@ -547,7 +557,7 @@ class DuckDBStore:
                 raise
             finally:
                 cursor.close()
-            self._forget_idle_states()
+            self._states.forget_idle(self._applied, keep=touched)
             return refusals, suppressed
 
     def _forget_stale_states(self, run_ids: set[str]) -> None:
@@ -561,19 +571,7 @@ class DuckDBStore:
             if self._applied < self._stale_runs[run_id]:
                 raise StoreUnavailable(self._stalled or f"run {run_id!r} waits for its earlier records to be applied")
             del self._stale_runs[run_id]
-            self._states.pop(run_id, None)
-
-    def _forget_idle_states(self) -> None:
-        """Keep at most MAX_RUN_STATES runs in memory, dropping the longest-known idle ones first.
-
-        Only a state whose every record is applied may go: loading it again reads the database.
-        """
-        excess = len(self._states) - MAX_RUN_STATES
-        if excess <= 0:
-            return
-        idle = [run_id for run_id, state in self._states.items() if state.last_sequence <= self._applied]
-        for run_id in idle[: excess + MAX_RUN_STATES // 10]:
-            del self._states[run_id]
+            self._states.drop(run_id)
 
     def _seq(self) -> int:
         self._next_seq += 1
@@ -590,24 +588,23 @@ class DuckDBStore:
         key = _run_key(run_id)
         if not self._run_ids.might_contain(key):
             self._run_ids.add(key)
-            state = self._states[run_id] = RunState(max_snapshots=self._default_max_snapshots)
+            state = RunState(max_snapshots=self._default_max_snapshots)
+            self._states.add(run_id, state)
             return state
         state = RunState()
         row = cursor.execute(
             "SELECT registration_id, max_snapshots, write_seq FROM runs WHERE run_id = ? LIMIT 1", [run_id]
         ).fetchone()
         state.registration_id, state.max_snapshots, state.run_seq = row or (None, self._default_max_snapshots, None)
-        state.event_keys = {
-            k for (k,) in cursor.execute(
-                "SELECT idempotency_key FROM events WHERE run_id = ? AND idempotency_key IS NOT NULL", [run_id]
-            ).fetchall()
-        }  # fmt: skip
+        for (k,) in cursor.execute(
+            "SELECT idempotency_key FROM events WHERE run_id = ? AND idempotency_key IS NOT NULL", [run_id]
+        ).fetchall():
+            state.add_event_key(k)
         state.ended = bool(cursor.execute("SELECT 1 FROM run_endings WHERE run_id = ? LIMIT 1", [run_id]).fetchone())
-        state.effect_keys = {
-            k for (k,) in cursor.execute(
-                "SELECT record_key FROM tool_effects WHERE run_id = ? AND record_key IS NOT NULL", [run_id]
-            ).fetchall()
-        }  # fmt: skip
+        for (k,) in cursor.execute(
+            "SELECT record_key FROM tool_effects WHERE run_id = ? AND record_key IS NOT NULL", [run_id]
+        ).fetchall():
+            state.add_effect_key(k)
         rows = cursor.execute(
             "SELECT idempotency_key, snapshot_index, base_index, write_seq, state, pruned FROM snapshots"
             " WHERE run_id = ? ORDER BY write_seq",
@@ -617,7 +614,7 @@ class DuckDBStore:
             if key is not None:
                 state.note_snapshot_key(key)
         snapshots = [row for row in rows if not row[5]]
-        state.retained = [(seq, snapshot_state, key) for key, _, _, seq, snapshot_state, _ in snapshots]
+        state.set_retained([(seq, snapshot_state, key) for key, _, _, seq, snapshot_state, _ in snapshots])
         if snapshots:
             state.last_index = snapshots[-1][1]
             state.last_refs = wire.split_digests(self._rebuild_refs(cursor, run_id, state.last_index))
@@ -628,7 +625,7 @@ class DuckDBStore:
                     break
                 depth += 1
             state.chain_depth = depth
-        self._states[run_id] = state
+        self._states.add(run_id, state)
         return state
 
     @staticmethod
@@ -671,10 +668,8 @@ class DuckDBStore:
                     forked_from_snapshot_index=record.forked_from_snapshot,
                 )
         key = lineage.idempotency_key
-        if key is not None:
-            if key in state.event_keys:
-                return False
-            state.event_keys.add(key)
+        if key is not None and not state.add_event_key(key):
+            return False
         write_seq = self._seq()
         if record.kind in ENDING_KINDS:
             if state.ended:
@@ -760,10 +755,8 @@ class DuckDBStore:
 
     def _stage_tool_effect(self, record: ToolEffectRecord, state: RunState, batch: Batch) -> bool:
         key = record.lineage.idempotency_key
-        if key is not None:
-            if key in state.effect_keys:
-                return False
-            state.effect_keys.add(key)
+        if key is not None and not state.add_effect_key(key):
+            return False
         columns = self._lineage_columns(record)
         columns["record_key"] = columns.pop("idempotency_key")
         batch.add(
@@ -836,13 +829,7 @@ class DuckDBStore:
             refs=b"".join(refs if store_full else record.append_refs),
             message_count=len(refs),
         )
-        if key is not None:
-            state.note_snapshot_key(key)
-        state.retained.append((write_seq, record.state, key))
-        if state.max_snapshots and len(state.retained) > state.max_snapshots:
-            keep = retained_snapshots(state.retained, state.max_snapshots)
-            batch.pruned.extend(seq for seq, _, _ in state.retained if seq not in keep)
-            state.retained = [entry for entry in state.retained if entry[0] in keep]
+        batch.pruned.extend(state.retain(write_seq, record.state, key))
         state.known_digests.update(refs)
         state.last_index, state.last_refs = record.snapshot_index, refs
         state.chain_depth = 0 if store_full else state.chain_depth + 1

@@ -18,7 +18,7 @@ from pathlib import Path
 from steprec.proto.framing import append_frame, open_for_append, read_frames
 
 ROTATE_BYTES = 64 << 20
-"""A segment larger than this is closed and a new one started once everything in it was applied."""
+"""A segment larger than this is closed and a new one started; a closed segment goes once all of it is applied."""
 
 
 class WriteAheadLog:
@@ -75,12 +75,16 @@ class WriteAheadLog:
             return self.last_sequence
 
     def release(self, applied: int) -> None:
-        """Drop segments whose every entry is applied; start a new segment when the current one is large."""
+        """Drop segments whose every entry is applied; start a new segment when the current one is large.
+
+        Not only once everything is applied: under steady load something always is pending, and
+        the one segment then grew without end.
+        """
         with self._lock:
             self._release(applied)
 
     def _release(self, applied: int) -> None:
-        if applied >= self.last_sequence and self._file.tell() >= ROTATE_BYTES:
+        if self._file.tell() >= ROTATE_BYTES:
             self._start_segment(self.last_sequence + 1)
         segments = self._segments()
         for segment, following in zip(segments, segments[1:], strict=False):
