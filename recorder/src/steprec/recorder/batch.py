@@ -127,8 +127,10 @@ def to_arrow(entries: list[bytes | Batch]) -> dict[str, pa.Table]:
 
 def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> None:
     """Insert each staged table, then let later run endings replace earlier ones."""
-    superseding = tables.pop("superseded_endings", None)
+    superseding = tables.get("superseded_endings")
     for name, table in tables.items():
+        if name == "superseded_endings":
+            continue
         cursor.register("staged_rows", table)
         cursor.execute(f"INSERT INTO {name} BY NAME SELECT * FROM staged_rows")
         cursor.unregister("staged_rows")
