@@ -372,3 +372,54 @@ def test_a_snapshot_reads_the_same_from_the_cache_and_from_the_file(tmp_path: Pa
     store = DuckDBStore(path)  # a new process: nothing cached
     assert store.read_snapshot("run-1", include_interrupted=False) == warm and warm[1] == messages
     store.close()
+
+
+def test_a_kept_snapshot_answer_follows_new_snapshots_retention_and_prunes(tmp_path: Path) -> None:
+    store = DuckDBStore(tmp_path / "steprec.duckdb", max_snapshots_per_run=2)
+    messages = [_message(i) for i in range(6)]
+    latest = {"include_interrupted": False}
+
+    def index(**which) -> int | None:
+        found = store.read_snapshot("run-1", **which)
+        return None if found is None else found[0]["snapshot_index"]
+
+    registered = StepEventRecord(_lineage(key="0:0:run_started:"), "run_started", None, None, None, {}, "reg", 2)
+    store.ingest([registered] + [_keyed_snapshot(i, f"{i}:{i}:complete", messages[: i + 1]) for i in range(2)])
+    assert index(**latest) == 1 and store.kept_snapshot("run-1", **latest)[0]["snapshot_index"] == 1
+    assert index(include_interrupted=False, snapshot_index=0) == 0
+    assert store.kept_snapshot("run-2", **latest) is None  # never read: nothing kept
+    store.ingest([_keyed_snapshot(2, "2:2:interrupted", messages[:3], "interrupted")])
+    assert store.kept_snapshot("run-1", **latest) is None  # its run changed
+    assert (index(**latest), index(include_interrupted=True)) == (1, 2)
+    store.ingest([_keyed_snapshot(3, "3:3:complete", messages[:4])])
+    assert index(**latest) == 3
+    # Retention pruned snapshot 0 in that commit: the answer kept for it went with it.
+    assert store.kept_snapshot("run-1", include_interrupted=False, snapshot_index=0) is None
+    assert index(include_interrupted=False, snapshot_index=0) is None
+    assert index(**latest) == 3 and store.kept_snapshot("run-1", **latest) is not None
+    assert store.prune(started_before_ns=None, conversation_id="conv").runs == 1
+    assert store.kept_snapshot("run-1", **latest) is None and index(**latest) is None
+    store.close()
+
+
+def test_an_answer_found_while_its_run_changed_is_used_once_and_not_kept() -> None:
+    from steprec.recorder.snapshot_choices import SnapshotChoices
+
+    choices, key = SnapshotChoices(max_tracked_runs=2), ("run-1", False, None)
+
+    def found_during_a_commit() -> int:
+        choices.changed(["run-1"])  # the applier commits while the statement runs
+        return 7
+
+    assert choices.choose(key, found_during_a_commit) == 7 and choices.kept(key) is None
+    assert choices.choose(key, lambda: 8) == 8 and choices.kept(key) == 8
+    assert choices.choose(key, lambda: pytest.fail("a kept answer is not looked up again")) == 8
+    choices.changed(["run-2"])  # another run's commit leaves it
+    assert choices.kept(key) == 8
+    choices.changed(["run-3"])
+    choices.changed(["run-4"])  # run-1's own change is forgotten now: only a bound on it is left
+    assert choices.kept(key) is None  # stale as far as anyone can tell, so asked again
+    assert choices.choose(key, lambda: 9) == 9 and choices.kept(key) == 9
+    assert choices.choose(("run-5", False, None), lambda: None) is None  # no snapshot: not kept
+    choices.changed_all()
+    assert choices.kept(key) is None

@@ -195,15 +195,18 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
     async def ReadSnapshot(self, request: pb.ReadSnapshotRequest, context):  # noqa: N802
         run_id = await _valid_run_id(request.run_id, context)
         index = request.snapshot_index if request.HasField("snapshot_index") else None
-        found = await asyncio.to_thread(
-            self._store.read_snapshot, run_id, include_interrupted=request.include_interrupted, snapshot_index=index,
-            digests_only=request.digests_only,
-        )  # fmt: skip
+        which = {"include_interrupted": request.include_interrupted, "snapshot_index": index}
+        # A run read again is answered here, without a worker thread, when the store keeps the answer.
+        found = self._store.kept_snapshot(run_id, **which) if request.digests_only else None
         if found is None:
-            which = f"retained snapshot {index}" if index is not None else (
+            found = await asyncio.to_thread(
+                self._store.read_snapshot, run_id, **which, digests_only=request.digests_only
+            )
+        if found is None:
+            missing = f"retained snapshot {index}" if index is not None else (
                 "snapshot" if request.include_interrupted else "complete snapshot"
             )  # fmt: skip
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {run_id!r} has no {which}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {run_id!r} has no {missing}")
         info_row, messages = found
         if request.digests_only:  # 32,768 digests a chunk (1 MiB is a multiple of 32)
             for start in range(0, max(len(messages), 1), _CHUNK_BYTES):

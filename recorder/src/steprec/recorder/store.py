@@ -38,6 +38,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 from steprec.proto import wire
 from steprec.proto.sized_cache import SizedCache
 
@@ -57,6 +58,7 @@ from .message_cache import DEFAULT_CACHE_BYTES, message_cache
 from .metrics import MemoryUse, Metrics
 from .run_state import DEFAULT_RUN_STATE_BYTES, RunState, RunStates
 from .schema import migrate
+from .snapshot_choices import SnapshotChoices
 from .sql import (
     ANCESTORS,
     DESCENDANT_DEPTHS,
@@ -210,6 +212,7 @@ class DuckDBStore:
         self._media = MediaCodec(media_store, threshold=media_threshold)
         self._bodies = message_cache(message_cache_bytes)
         self._snapshots = SizedCache[tuple[str, int], tuple[dict, bytes]](SNAPSHOT_CACHE_BYTES, size=_snapshot_size)
+        self._choices = SnapshotChoices()
         self.metrics = Metrics()
         self._fragments: dict[bytes, dict[int, bytes]] = {}
         self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
@@ -296,6 +299,8 @@ class DuckDBStore:
             raise
         finally:
             cursor.close()
+        if "snapshots" in tables:  # retention prunes only runs with a snapshot in the same entry
+            self._choices.changed(pc.unique(tables["snapshots"]["run_id"]).to_pylist())
 
     def _commit(self, entries: list[tuple[int, bytes | Batch, set[bytes]]]) -> None:
         """Apply `entries` in one transaction, or if DuckDB refuses one of them for good, each alone.
@@ -449,6 +454,8 @@ class DuckDBStore:
                 cursor.execute("DELETE FROM media_refs WHERE digest NOT IN (SELECT digest FROM messages)")
                 blobs_in_use = {uri for (uri,) in cursor.execute("SELECT DISTINCT uri FROM media_refs").fetchall()}
                 cursor.execute("ROLLBACK" if dry_run else "COMMIT")
+                if not dry_run:
+                    self._choices.changed_all()
             except BaseException:
                 cursor.execute("ROLLBACK")
                 raise
@@ -901,7 +908,10 @@ class DuckDBStore:
         where, params = _snapshot_filter(run_id, include_interrupted=include_interrupted, snapshot_index=snapshot_index)
         cursor = self.cursor()
         try:
-            (write_seq,) = cursor.execute(f"SELECT max(write_seq) FROM snapshots WHERE {where}", params).fetchone()
+            write_seq = self._choices.choose(
+                (run_id, include_interrupted, snapshot_index),
+                lambda: cursor.execute(f"SELECT max(write_seq) FROM snapshots WHERE {where}", params).fetchone()[0],
+            )
             if write_seq is None:
                 return None
             info, refs = self._snapshot(cursor, run_id, write_seq)
@@ -910,6 +920,17 @@ class DuckDBStore:
             return info, self._messages(cursor, wire.split_digests(refs))
         finally:
             cursor.close()
+
+    def kept_snapshot(
+        self, run_id: str, *, include_interrupted: bool, snapshot_index: int | None = None
+    ) -> tuple[dict, bytes] | None:
+        """What `read_snapshot(..., digests_only=True)` answers, when that needs neither DuckDB nor a wait for the
+        applier (the answer is kept and everything acknowledged is applied); else None. Safe on an event loop."""
+        with self._cond:
+            if self._applied < self._wal.last_sequence:
+                return None
+        write_seq = self._choices.kept((run_id, include_interrupted, snapshot_index))
+        return None if write_seq is None else self._snapshots.get((run_id, write_seq))
 
     def _snapshot(self, cursor: duckdb.DuckDBPyConnection, run_id: str, write_seq: int) -> tuple[dict, bytes]:
         """A snapshot row's info and whole reference list, built once and then kept (`_snapshots`): a written
