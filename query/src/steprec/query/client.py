@@ -11,7 +11,6 @@ from typing import Any
 
 import grpc
 import pyarrow as pa
-from steprec.proto import wire
 from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
@@ -281,7 +280,7 @@ class RecorderClient:
                 digests += chunk.message_digests
             if info is None:
                 return None
-            messages = await self._histories.history(wire.split_digests(bytes(digests)), self._read_messages)
+            messages = await self._histories.history(bytes(digests), self._read_messages)
         except LookupError:  # no such snapshot, or pruned between the two calls
             return None
         return Snapshot(

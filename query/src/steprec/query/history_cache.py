@@ -20,22 +20,45 @@ from operator import itemgetter
 
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from steprec.proto.sized_cache import SizedCache
+from steprec.proto.wire import split_digests
 
 DEFAULT_CACHE_BYTES = 32 << 20
 """Messages kept, counted by their JSON size (the objects take a few times that): ten 1000-step histories."""
 
 
 class HistoryCache:
-    """A least-recently-used cache of validated `ModelMessage`s by digest, bounded by their JSON bytes."""
+    """Validated `ModelMessage`s by digest, and the histories handed out lately as whole, each a least-recently-
+    used cache bounded by JSON bytes (`max_bytes` each: a history's messages are mostly in both).
+
+    A whole history is kept by its concatenated digests: reading the same snapshot again (the common
+    "continue this run" loop) then skips splitting and looking up each of its digests, a third of what a
+    repeated read of a 2,002-message history cost the client (measured, docs/benchmarks.md).
+    """
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self._messages = SizedCache[bytes, tuple[ModelMessage, int]](max_bytes, size=itemgetter(1))
+        self._histories = SizedCache[bytes, tuple[tuple[ModelMessage, ...], int]](max_bytes, size=itemgetter(1))
 
     async def history(
-        self, digests: Sequence[bytes], fetch: Callable[[list[bytes]], Awaitable[list[bytes]]]
+        self, digests: bytes, fetch: Callable[[list[bytes]], Awaitable[list[bytes]]]
     ) -> list[ModelMessage]:
-        """The messages `digests` name, in order, each a fresh copy; `fetch` gets the JSON of those not cached
-        (each digest once, in order) and must return it in the same order."""
+        """The messages `digests` (concatenated) name, in order, each a fresh copy; `fetch` gets the JSON of those
+        not cached (each digest once, in order) and must return it in the same order."""
+        kept = self._histories.get(digests)
+        if kept is None:
+            kept = await self._resolve(split_digests(digests), fetch)
+            self._histories.put(digests, kept)
+        fresh, new = [], object.__new__
+        for message in kept[0]:  # shallow copies, as `copy.copy` makes them at a fifth of its cost (measured)
+            copy = new(message.__class__)
+            copy.__dict__ = message.__dict__.copy()
+            fresh.append(copy)
+        return fresh
+
+    async def _resolve(
+        self, digests: Sequence[bytes], fetch: Callable[[list[bytes]], Awaitable[list[bytes]]]
+    ) -> tuple[tuple[ModelMessage, ...], int]:
+        """The messages `digests` name, from the cache or fetched and validated now; and their JSON size."""
         found = self._messages.get_many(digests)  # digest -> (message, size)
         if len(found) < len(digests) and (missing := [d for d in dict.fromkeys(digests) if d not in found]):
             bodies = await fetch(missing)
@@ -45,11 +68,5 @@ class HistoryCache:
             for digest, body, message in zip(missing, bodies, validated, strict=True):
                 found[digest] = entry = (message, len(body))
                 self._messages.put(digest, entry)
-        return [_copy(found[digest][0]) for digest in digests]
-
-
-def _copy(message: ModelMessage) -> ModelMessage:
-    """A shallow copy, as `copy.copy` makes it at a fifth of its cost (measured)."""
-    fresh = object.__new__(message.__class__)
-    fresh.__dict__ = message.__dict__.copy()
-    return fresh
+        entries = [found[digest] for digest in digests]
+        return tuple(message for message, _ in entries), sum(size for _, size in entries)
