@@ -423,3 +423,25 @@ def test_an_answer_found_while_its_run_changed_is_used_once_and_not_kept() -> No
     assert choices.choose(("run-5", False, None), lambda: None) is None  # no snapshot: not kept
     choices.changed_all()
     assert choices.kept(key) is None
+
+
+def test_only_message_text_and_reference_lists_are_stored_with_zstd(tmp_path: Path) -> None:
+    path = tmp_path / "steprec.duckdb"
+    store = DuckDBStore(path)
+    messages = [_message(i) * 20 for i in range(300)]
+    registered = StepEventRecord(_lineage(key="0:0:run_started:"), "run_started", None, None, None, {}, "reg", 2)
+    store.ingest([registered] + [_keyed_snapshot(i, f"{i}:{i}:complete", messages[: i + 1]) for i in range(300)])
+    store.close()  # a clean stop checkpoints: the rows are compressed now
+    connection = duckdb.connect(str(path), read_only=True)
+    compression = dict(
+        connection.execute(
+            "SELECT table_name || '.' || column_name, string_agg(DISTINCT compression, ',') FROM ("
+            " SELECT 'messages' AS table_name, * FROM pragma_storage_info('messages')"
+            " UNION ALL SELECT 'snapshots', * FROM pragma_storage_info('snapshots')"
+            " UNION ALL SELECT 'runs', * FROM pragma_storage_info('runs')"
+            ") WHERE segment_type <> 'VALIDITY' AND compression <> 'Constant' GROUP BY ALL"
+        ).fetchall()
+    )
+    connection.close()
+    assert compression["messages.body"] == compression["snapshots.refs"] == "ZSTD"
+    assert "ZSTD" not in compression["snapshots.run_id"] + compression["runs.run_id"] + compression["messages.digest"]

@@ -13,7 +13,7 @@ import duckdb
 
 from . import tree
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def _place_runs(connection: duckdb.DuckDBPyConnection) -> None:
@@ -27,6 +27,44 @@ def _place_runs(connection: duckdb.DuckDBPyConnection) -> None:
     connection.execute(tree.TABLE)
     runs = connection.execute("SELECT run_id, parent_run_id, forked_from_run_id, write_seq FROM runs")
     tree.link(connection, runs.to_arrow_table())
+
+
+ZSTD_COLUMNS = {"messages": "body", "message_fragments": "data", "snapshots": "refs"}
+"""The columns stored with ZSTD: message text, and snapshot reference lists (a full list repeats the digests of
+earlier ones). DuckDB's own choice for message text flipped between FSST and none from one checkpoint to the
+next; everything else keeps DuckDB's choice (dictionary, FSST, bit-packing), which reads faster and, for run
+metadata, takes a third of the space ZSTD did (docs/storage.md)."""
+
+
+def _compress_text_with_zstd(connection: duckdb.DuckDBPyConnection) -> None:
+    """Schema v6: rebuild the tables of ZSTD_COLUMNS with that column marked `USING COMPRESSION zstd` (DuckDB
+    cannot change a column's compression in place); their rows, defaults and indexes stay as they were."""
+    for table, zstd_column in ZSTD_COLUMNS.items():
+        columns = connection.execute(
+            "SELECT column_name, data_type, is_nullable, column_default FROM duckdb_columns()"
+            " WHERE database_name = current_database() AND schema_name = 'main' AND table_name = ?"
+            " ORDER BY column_index",
+            [table],
+        ).fetchall()
+        definitions = ", ".join(
+            f"{name} {data_type}"
+            + (" USING COMPRESSION zstd" if name == zstd_column else "")
+            + ("" if nullable else " NOT NULL")
+            + ("" if default is None else f" DEFAULT {default}")
+            for name, data_type, nullable, default in columns
+        )
+        indexes = connection.execute(
+            "SELECT index_name, sql FROM duckdb_indexes() WHERE database_name = current_database() AND table_name = ?",
+            [table],
+        ).fetchall()
+        for name, _ in indexes:
+            connection.execute(f"DROP INDEX {name}")
+        connection.execute(f"CREATE TABLE {table}_zstd ({definitions})")
+        connection.execute(f"INSERT INTO {table}_zstd SELECT * FROM {table}")
+        connection.execute(f"DROP TABLE {table}")
+        connection.execute(f"ALTER TABLE {table}_zstd RENAME TO {table}")
+        for _, sql in indexes:
+            connection.execute(sql)
 
 
 _MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
@@ -145,6 +183,8 @@ _MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     # run_ancestry and run_endings with `run_seq`, the write_seq of the run's `runs` row: reading a tree joins on
     # an integer, and a small tree's reads skip most of the tables by their zone maps (runs come in write order).
     5: _place_runs,
+    # ZSTD for message text and reference lists only, instead of for every column (store.py set it for all).
+    6: _compress_text_with_zstd,
 }
 
 

@@ -193,10 +193,6 @@ class DuckDBStore:
             str(path),
             config={"default_block_size": str(BLOCK_SIZE), "storage_compatibility_version": STORAGE_VERSION},
         )
-        # DuckDB's own choice for message text flips between FSST and no compression from one
-        # checkpoint to the next; ZSTD (which needs the newer storage format) compresses it 3-4x
-        # and also finds what similar messages share (docs/storage.md has the measurements).
-        self._connection.execute("SET force_compression = 'zstd'")
         # DuckDB's own default is 80% of the machine's memory: a sidecar's page cache would grow
         # with the data until then (the soak in docs/reliability.md watched it grow).
         self._connection.execute(f"SET memory_limit = '{int(memory_limit_mib)}MiB'")
