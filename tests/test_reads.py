@@ -45,7 +45,9 @@ async def test_the_sync_client_answers_inside_a_running_loop(recorder: RecorderP
         assert len(client.continue_run(run.run_id)) == len(result.all_messages())
         assert client.inspect_recovery(run.run_id).completed_tools == ["echo"]
         assert [r.run_id for r in client.iter_runs(conversation_id="conv-sync")] == [run.run_id]  # async generator
-        assert client.descendants(run.run_id)["run_id"].to_pylist() == [run.run_id]
+        descendants = client.descendants(run.run_id)
+        assert descendants["run_id"].to_pylist() == [run.run_id] and descendants["outcome"].to_pylist() == ["completed"]
+        assert descendants.schema.field("outcome").type == "string"  # sent as a dictionary, handed out as text
         with pytest.raises(LookupError):
             client.continue_run("never-recorded")
 

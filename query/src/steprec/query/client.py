@@ -237,7 +237,8 @@ class RecorderClient:
         table = await _ArrowStream(self._stream(self._stub.GetDescendants, request)).table()
         if not table.num_rows or table["run_id"][0].as_py() != run_id:
             return None  # the run itself was never recorded
-        return table.replace_schema_metadata(None)
+        outcome = table.schema.get_field_index("outcome")  # sent dictionary-encoded (one byte a run)
+        return table.set_column(outcome, "outcome", table["outcome"].cast(pa.string())).replace_schema_metadata(None)
 
     async def ancestors(self, run_id: str) -> list[RunRecord]:
         """The runs above this one, its parent first and the root last (empty for a root)."""
