@@ -780,7 +780,7 @@ def profile_table(config: dict, facts: dict[str, Any]) -> str:
     ends = {"read_snapshot_digests": facts["continue_run"]["steprec"], "read_snapshot": facts["continue_run"][
         "steprec_first"], "list_runs": facts["list_runs"]["steprec"]}  # fmt: skip
     labels = {"read_snapshot_digests": "`continue_run`, read before (`read_snapshot`, digests only)",
-              "read_snapshot": "`continue_run`, first read (`read_snapshot`)",
+              "read_snapshot": "`continue_run`, a client's first read (`read_snapshot`; the store has read it before)",
               "list_runs": "`list_runs(conversation_id=...)`"}  # fmt: skip
     for kind, end in (("run_tree", "steprec"), ("descendants", "steprec_table")):
         for root in [*tree_roots(runs), 0]:
@@ -788,7 +788,7 @@ def profile_table(config: dict, facts: dict[str, Any]) -> str:
             labels[f"{kind}:{root}"] = f"`{kind}`, {subtree_size(root, runs):,} runs"
     for name, label in labels.items():
         found, end = prof[name], ends[name]
-        statements = ", ".join(_ms(s) for s in found.statements)
+        statements = ", ".join(_ms(s) for s in found.statements) or "no statement"
         lines.append(
             f"| {label} | {_ms(end.pct(0.5)) if not end.error else 'failed'} | {_ms(found.total)} "
             f"| {_ms(found.sql)} ({statements}) | {_ms(found.total - found.sql)} |"
