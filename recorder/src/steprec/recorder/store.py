@@ -119,7 +119,8 @@ DEFAULT_MEMORY_LIMIT_MIB = 1024
 """DuckDB's memory limit unless the recorder is told otherwise (`--duckdb-memory-mib`)."""
 SNAPSHOT_CACHE_BYTES = 32 << 20
 """Snapshots read lately, their info and the reference list rebuilt from their delta chain (32 bytes per
-message: 500 snapshots of 2,000 messages), so reading one again costs one small statement, not three."""
+message: 500 snapshots of 2,000 messages), so reading one again costs at most the statement that picks its row
+(none while `SnapshotChoices` keeps that answer), not three."""
 
 
 _SNAPSHOT_INFO = (
@@ -931,7 +932,7 @@ class DuckDBStore:
     def _snapshot(self, cursor: duckdb.DuckDBPyConnection, run_id: str, write_seq: int) -> tuple[dict, bytes]:
         """A snapshot row's info and whole reference list, built once and then kept (`_snapshots`): a written
         snapshot row never changes, and bounding its chain by the row's write sequence keeps later rows from
-        changing what it rebuilds to. Finding which row to read is the one statement a repeated read costs."""
+        changing what it rebuilds to. Which row to read is kept apart (`_choices`), until its run's snapshots change."""
         key = (run_id, write_seq)
         if (cached := self._snapshots.get(key)) is None:
             (info,) = _dicts(
