@@ -28,7 +28,7 @@ from steprec.recorder.store import DuckDBStore
 from steprec.recorder.tree import HOP_LIMIT
 
 from .test_hostile_ingest import export, int_value, log_record, request_bytes, string_value
-from .test_store import _event
+from .test_store import _event, drop_columns
 
 STEPREC = str(Path(sys.executable).parent / "steprec")
 BASE_NS = 1_767_225_600 * 10**9
@@ -226,9 +226,8 @@ def test_a_store_from_before_the_ancestry_gains_it_when_opened(tmp_path: Path) -
     # Make it the file a schema-2 recorder left: no run_ancestry table, version 2 recorded last.
     old = duckdb.connect(str(path))
     old.execute("DROP TABLE run_ancestry")
-    old.execute("DROP INDEX run_endings_run_id")  # DuckDB alters no table with an index
-    old.execute("ALTER TABLE run_endings DROP COLUMN run_seq")
-    old.execute("CREATE INDEX run_endings_run_id ON run_endings (run_id)")
+    drop_columns(old, "run_endings", "run_seq")
+    drop_columns(old, "runs", "ended_at", "end_kind")
     old.execute("DELETE FROM steprec_schema WHERE version >= 3")
     old.close()
     store = DuckDBStore(path)

@@ -255,6 +255,18 @@ def test_retention_stays_bounded_under_concurrent_saves(tmp_path: Path) -> None:
     store.close()
 
 
+def drop_columns(connection: duckdb.DuckDBPyConnection, table: str, *columns: str) -> None:
+    """Undo a migration that added `columns` to `table`, to make a file an older recorder left."""
+    indexes = connection.execute("SELECT index_name, sql FROM duckdb_indexes() WHERE table_name = ?", [table])
+    indexes = indexes.fetchall()
+    for name, _ in indexes:  # DuckDB alters no table with an index
+        connection.execute(f"DROP INDEX {name}")
+    for column in columns:
+        connection.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    for _, sql in indexes:
+        connection.execute(sql)
+
+
 def test_a_version_1_file_gains_run_endings_from_its_events(tmp_path: Path) -> None:
     path = tmp_path / "steprec.duckdb"
     store = DuckDBStore(path)
@@ -265,6 +277,7 @@ def test_a_version_1_file_gains_run_endings_from_its_events(tmp_path: Path) -> N
     old = duckdb.connect(str(path))
     old.execute("DROP TABLE run_endings")
     old.execute("DROP TABLE run_ancestry")
+    drop_columns(old, "runs", "ended_at", "end_kind")
     old.execute("DELETE FROM steprec_schema WHERE version >= 2")
     old.close()
     store = DuckDBStore(path)
@@ -298,9 +311,8 @@ def test_a_run_keeps_one_ending_its_latest_however_often_and_whenever_it_ends(tm
 
     # A schema-3 file kept every ending: opening it keeps each run's latest.
     old = duckdb.connect(str(path))
-    old.execute("DROP INDEX run_endings_run_id")  # DuckDB alters no table with an index
-    old.execute("ALTER TABLE run_endings DROP COLUMN run_seq")
-    old.execute("CREATE INDEX run_endings_run_id ON run_endings (run_id)")
+    drop_columns(old, "run_endings", "run_seq")
+    drop_columns(old, "runs", "ended_at", "end_kind")
     old.execute("INSERT INTO run_endings SELECT write_seq - 100, run_id, 'run_completed', ended_at FROM run_endings")
     old.execute("DELETE FROM steprec_schema WHERE version >= 4")
     old.close()
@@ -322,6 +334,41 @@ def test_an_ending_staged_before_its_run_is_registered_still_ends_it(store: Duck
     store.ingest([_event("run_completed", "1:0:run_completed:", index=1),
                   _event("run_started", "0:0:run_started:", registration="reg")])  # fmt: skip
     assert _descendant_outcomes(store, "run-1") == [("run-1", "completed")]
+
+
+def _copied_endings(store: DuckDBStore) -> list[tuple]:
+    """Each run's ending as its `runs` row carries it, beside the `run_endings` row it copies."""
+    cursor = store.cursor()
+    try:
+        return cursor.execute(
+            "SELECT r.run_id, r.end_kind, x.kind, r.ended_at = x.ended_at FROM runs r"
+            " LEFT JOIN run_endings x ON x.run_id = r.run_id ORDER BY r.run_id"
+        ).fetchall()
+    finally:
+        cursor.close()
+
+
+def test_a_runs_row_carries_its_latest_ending_and_a_version_6_file_gains_it(tmp_path: Path) -> None:
+    path = tmp_path / "steprec.duckdb"
+    store = DuckDBStore(path)
+    store.ingest([_event("run_started", "0:0:run_started:", registration="reg"),
+                  _event("run_started", "0:0:run_started:", run_id="run-2", registration="reg-2"),
+                  _event("run_completed", "1:0:run_completed:", index=1)])  # fmt: skip
+    assert _copied_endings(store) == [("run-1", "run_completed", "run_completed", True), ("run-2", None, None, None)]
+    store.ingest([_event("run_failed", "2:0:run_failed:", index=2)])  # a later ending replaces it
+    assert _copied_endings(store) == [("run-1", "run_failed", "run_failed", True), ("run-2", None, None, None)]
+    assert _descendant_outcomes(store, "run-1") == [("run-1", "failed")]
+    assert _descendant_outcomes(store, "run-2") == [("run-2", "running")]
+    store.close()
+    # A schema-6 file has the endings only in run_endings: opening it copies them.
+    old = duckdb.connect(str(path))
+    drop_columns(old, "runs", "ended_at", "end_kind")
+    old.execute("DELETE FROM steprec_schema WHERE version >= 7")
+    old.close()
+    store = DuckDBStore(path)
+    assert _copied_endings(store) == [("run-1", "run_failed", "run_failed", True), ("run-2", None, None, None)]
+    assert _descendant_outcomes(store, "run-1") == [("run-1", "failed")]
+    store.close()
 
 
 def test_a_log_entry_of_the_first_format_still_ends_its_run(tmp_path: Path) -> None:

@@ -387,13 +387,13 @@ class _ArrowStream:
         self.truncated = False
 
     async def __aiter__(self) -> AsyncIterator[pa.RecordBatch]:
-        unit = bytearray()
+        pieces: list[bytes] = []
         async for chunk in self._chunks:
-            unit += chunk.arrow_ipc
+            pieces.append(chunk.arrow_ipc)
             self.truncated = chunk.truncated
-            if chunk.batch_end:  # the bytes so far are one whole IPC stream
-                reader = pa.ipc.open_stream(bytes(unit))
-                unit.clear()
+            if chunk.batch_end:  # the pieces so far are one whole IPC stream (joined once: it may be megabytes)
+                reader = pa.ipc.open_stream(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                pieces.clear()
                 self.schema = reader.schema
                 for batch in reader:
                     yield batch

@@ -136,11 +136,32 @@ def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> No
         cursor.unregister("staged_rows")
     if superseding is not None:
         supersede_endings(cursor, superseding)
-    if "run_endings" in tables and tables["run_endings"]["run_seq"].null_count:
-        # An ending whose run was not registered when it was staged (or a format-1 entry's): find its row now.
+    if "run_endings" in tables:
+        if tables["run_endings"]["run_seq"].null_count:
+            # An ending whose run was not registered when it was staged (or a format-1 entry's): find its row now.
+            cursor.execute(
+                "UPDATE run_endings e SET run_seq = r.write_seq FROM runs r"
+                " WHERE e.run_seq IS NULL AND r.run_id = e.run_id"
+            )
+        _end_runs(cursor, tables["run_endings"])
+
+
+def _end_runs(cursor: duckdb.DuckDBPyConnection, endings: pa.Table) -> None:
+    """Copy the endings just inserted (`endings`, the staged rows) into their runs' rows, as `ended_at` and
+    `end_kind`: a tree read then joins `runs` alone (sql.DESCENDANTS; 29 -> 13 ms in DuckDB for 100,000 runs).
+
+    Runs after superseding and the run_seq fix-up, so what it copies is the one row `run_endings` keeps per
+    run (an ending whose run is not registered yet has no row to go to, and stays only in `run_endings`).
+    """
+    cursor.register("staged_endings", endings.select(["write_seq"]))
+    try:
         cursor.execute(
-            "UPDATE run_endings e SET run_seq = r.write_seq FROM runs r WHERE e.run_seq IS NULL AND r.run_id = e.run_id"
+            "UPDATE runs r SET ended_at = x.ended_at, end_kind = x.kind"
+            " FROM (SELECT * FROM run_endings SEMI JOIN staged_endings USING (write_seq)) x"
+            " WHERE r.write_seq = x.run_seq"
         )
+    finally:
+        cursor.unregister("staged_endings")
 
 
 def supersede_endings(cursor: duckdb.DuckDBPyConnection, superseding: pa.Table) -> None:

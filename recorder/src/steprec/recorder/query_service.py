@@ -307,9 +307,10 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
                     unit = await asyncio.shield(step)  # a cancelled caller must not orphan the worker
                     if unit is None:
                         break
-                    for start in range(0, len(unit), _CHUNK_BYTES):
+                    for start in range(0, unit.size, _CHUNK_BYTES):
                         yield pb.ArrowChunk(
-                            arrow_ipc=unit[start : start + _CHUNK_BYTES], batch_end=start + _CHUNK_BYTES >= len(unit)
+                            arrow_ipc=unit[start : start + _CHUNK_BYTES].to_pybytes(),
+                            batch_end=start + _CHUNK_BYTES >= unit.size,
                         )
                 yield pb.ArrowChunk(truncated=run.truncated)
             except SqlRefused as error:

@@ -1,28 +1,28 @@
 """The DuckDB schema, versioned, with migrations applied on open (docs/storage.md explains each table).
 
-Tables are append-only and carry no PRIMARY KEY or UNIQUE constraint:
-uniqueness is enforced by the ingest path, so the same tables can later live
-in a DuckLake lake, which has no constraints. Indexes exist only for speed.
+Tables are append-mostly (docs/storage.md names the few updates and deletes) and carry no PRIMARY KEY or
+UNIQUE constraint: uniqueness is enforced by the ingest path, so the same tables can later live in a
+DuckLake lake, which has no constraints. Indexes exist only for speed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import duckdb
 
 from . import tree
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def _place_runs(connection: duckdb.DuckDBPyConnection) -> None:
     """Schema v5: each run's place in the run forest (tree.py), computed for the runs already stored, and
     each run ending's `run_seq`."""
-    connection.execute("DROP INDEX run_endings_run_id")  # DuckDB alters no table with an index
-    connection.execute("ALTER TABLE run_endings ADD COLUMN run_seq BIGINT")
-    connection.execute("UPDATE run_endings e SET run_seq = r.write_seq FROM runs r WHERE r.run_id = e.run_id")
-    connection.execute("CREATE INDEX run_endings_run_id ON run_endings (run_id)")
+    with _indexes_dropped(connection, "run_endings"):
+        connection.execute("ALTER TABLE run_endings ADD COLUMN run_seq BIGINT")
+        connection.execute("UPDATE run_endings e SET run_seq = r.write_seq FROM runs r WHERE r.run_id = e.run_id")
     connection.execute("DROP TABLE IF EXISTS run_ancestry")
     connection.execute(tree.TABLE)
     runs = connection.execute("SELECT run_id, parent_run_id, forked_from_run_id, write_seq FROM runs")
@@ -40,31 +40,65 @@ def _compress_text_with_zstd(connection: duckdb.DuckDBPyConnection) -> None:
     """Schema v6: rebuild the tables of ZSTD_COLUMNS with that column marked `USING COMPRESSION zstd` (DuckDB
     cannot change a column's compression in place); their rows, defaults and indexes stay as they were."""
     for table, zstd_column in ZSTD_COLUMNS.items():
-        columns = connection.execute(
-            "SELECT column_name, data_type, is_nullable, column_default FROM duckdb_columns()"
-            " WHERE database_name = current_database() AND schema_name = 'main' AND table_name = ?"
-            " ORDER BY column_index",
-            [table],
-        ).fetchall()
-        definitions = ", ".join(
-            f"{name} {data_type}"
-            + (" USING COMPRESSION zstd" if name == zstd_column else "")
-            + ("" if nullable else " NOT NULL")
-            + ("" if default is None else f" DEFAULT {default}")
-            for name, data_type, nullable, default in columns
-        )
-        indexes = connection.execute(
-            "SELECT index_name, sql FROM duckdb_indexes() WHERE database_name = current_database() AND table_name = ?",
-            [table],
-        ).fetchall()
-        for name, _ in indexes:
-            connection.execute(f"DROP INDEX {name}")
-        connection.execute(f"CREATE TABLE {table}_zstd ({definitions})")
-        connection.execute(f"INSERT INTO {table}_zstd SELECT * FROM {table}")
+        _rebuild(connection, table, _definitions(connection, table, zstd_column), f"SELECT * FROM {table}")
+
+
+def _end_runs(connection: duckdb.DuckDBPyConnection) -> None:
+    """Schema v7: each run's ending in its own row as well (`ended_at`, `end_kind`, copied from `run_endings` by
+    the applier, batch._end_runs), so a tree read joins one table to the ancestry instead of two.
+
+    A rebuild, not ALTER TABLE: DuckDB 1.5.5 aborts the process committing a transaction that drops an index,
+    adds a column and makes the index again, which ALTER on an indexed table needs.
+    """
+    definitions = [*_definitions(connection, "runs"), "ended_at TIMESTAMPTZ", "end_kind VARCHAR"]
+    rows = """
+        SELECT r.*, x.ended_at, x.kind FROM runs r LEFT JOIN (
+            SELECT run_seq, arg_max(ended_at, write_seq) AS ended_at, arg_max(kind, write_seq) AS kind
+            FROM run_endings WHERE run_seq IS NOT NULL GROUP BY run_seq
+        ) x ON x.run_seq = r.write_seq
+        ORDER BY r.write_seq
+    """
+    _rebuild(connection, "runs", definitions, rows)
+
+
+def _definitions(connection: duckdb.DuckDBPyConnection, table: str, zstd_column: str | None = None) -> list[str]:
+    """`table`'s column definitions as they stand (type, NOT NULL, default), `zstd_column` marked for ZSTD."""
+    columns = connection.execute(
+        "SELECT column_name, data_type, is_nullable, column_default FROM duckdb_columns()"
+        " WHERE database_name = current_database() AND schema_name = 'main' AND table_name = ?"
+        " ORDER BY column_index",
+        [table],
+    ).fetchall()
+    return [
+        f"{name} {data_type}"
+        + (" USING COMPRESSION zstd" if name == zstd_column else "")
+        + ("" if nullable else " NOT NULL")
+        + ("" if default is None else f" DEFAULT {default}")
+        for name, data_type, nullable, default in columns
+    ]
+
+
+def _rebuild(connection: duckdb.DuckDBPyConnection, table: str, definitions: list[str], rows: str) -> None:
+    """Replace `table` by one with `definitions` holding `rows` (a query over the old one); its indexes stay."""
+    with _indexes_dropped(connection, table):
+        connection.execute(f"CREATE TABLE {table}_rebuilt ({', '.join(definitions)})")
+        connection.execute(f"INSERT INTO {table}_rebuilt {rows}")
         connection.execute(f"DROP TABLE {table}")
-        connection.execute(f"ALTER TABLE {table}_zstd RENAME TO {table}")
-        for _, sql in indexes:
-            connection.execute(sql)
+        connection.execute(f"ALTER TABLE {table}_rebuilt RENAME TO {table}")
+
+
+@contextlib.contextmanager
+def _indexes_dropped(connection: duckdb.DuckDBPyConnection, table: str) -> Iterator[None]:
+    """`table`'s indexes dropped for the block and made again after it: DuckDB alters no table with an index."""
+    indexes = connection.execute(
+        "SELECT index_name, sql FROM duckdb_indexes() WHERE database_name = current_database() AND table_name = ?",
+        [table],
+    ).fetchall()
+    for name, _ in indexes:
+        connection.execute(f"DROP INDEX {name}")
+    yield
+    for _, sql in indexes:
+        connection.execute(sql)
 
 
 _MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
@@ -185,6 +219,8 @@ _MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     5: _place_runs,
     # ZSTD for message text and reference lists only, instead of for every column (store.py set it for all).
     6: _compress_text_with_zstd,
+    # Each run's ending in its `runs` row too: a tree read joins the runs to their ancestry and nothing else.
+    7: _end_runs,
 }
 
 
