@@ -371,6 +371,19 @@ def test_a_runs_row_carries_its_latest_ending_and_a_version_6_file_gains_it(tmp_
     store.close()
 
 
+def test_an_ending_found_its_run_later_is_copied_into_the_runs_row_too(store: DuckDBStore) -> None:
+    store.ingest([_event("run_completed", "1:0:run_completed:", run_id="run-3", index=1)])  # before its run
+    assert _copied_endings(store) == []  # (each read waits for what was sent: each request is its own commit)
+    store.ingest([_event("run_started", "2:0:run_started:", run_id="run-3", registration="reg-3")])
+    assert _copied_endings(store) == [("run-3", None, "run_completed", None)]  # its row has no ending yet
+    # The next ending staged without its run's row finds the rows of both.
+    store.ingest([_event("run_failed", "1:0:run_failed:", run_id="run-4", index=1),
+                  _event("run_started", "0:0:run_started:", run_id="run-4", registration="reg-4")])  # fmt: skip
+    assert _copied_endings(store) == [("run-3", "run_completed", "run_completed", True),
+                                      ("run-4", "run_failed", "run_failed", True)]  # fmt: skip
+    assert _descendant_outcomes(store, "run-3") == [("run-3", "completed")]
+
+
 def test_a_log_entry_of_the_first_format_still_ends_its_run(tmp_path: Path) -> None:
     """Entries a recorder before schema 5 logged carry no `run_endings`: they come from their events."""
     import marshal
