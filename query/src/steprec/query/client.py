@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -159,11 +160,15 @@ class RecorderClient:
         except grpc.aio.AioRpcError as error:
             raise _translate(error, self.endpoint) from None
 
-    async def _stream(self, method, request, *, timeout: float | None = -1.0) -> AsyncIterator[Any]:
-        """The messages of a server-streaming call, with errors translated like `_call`'s."""
+    def _stream(self, method, request, *, timeout: float | None = -1.0) -> AsyncIterator[Any]:
+        """The messages of a server-streaming call, begun now (its request leaves at the event loop's next
+        turn), with errors translated like `_call`'s."""
+        call = method(request, timeout=self.timeout if timeout == -1.0 else timeout, metadata=self._metadata)
+        return self._messages(call)
+
+    async def _messages(self, call) -> AsyncIterator[Any]:
         try:
-            async for message in method(request, timeout=self.timeout if timeout == -1.0 else timeout,
-                                        metadata=self._metadata):  # fmt: skip
+            async for message in call:
                 yield message
         except grpc.aio.AioRpcError as error:
             raise _translate(error, self.endpoint) from None
@@ -271,17 +276,26 @@ class RecorderClient:
         return [_summary(info) for info in (await self._call(self._stub.ListSnapshots, request)).snapshots]
 
     async def _read_snapshot(self, request: pb.ReadSnapshotRequest) -> Snapshot | None:
-        """The snapshot's digests first, then only the messages `_histories` does not hold (`_read_messages`)."""
+        """The snapshot's digests first, then only the messages `_histories` does not hold (`_read_messages`).
+
+        While the recorder answers, the copies of what the same read handed out last are made (`spare`): the
+        answer is most often the same history, and copying it costs as much as the call (docs/benchmarks.md).
+        """
         request.digests_only = True
+        index = request.snapshot_index if request.HasField("snapshot_index") else None
+        read = (request.run_id, request.include_interrupted, index)
+        answer = self._stream(self._stub.ReadSnapshot, request)
+        await asyncio.sleep(0)  # the request leaves
+        spare = self._histories.spare(read)
         info, digests = None, bytearray()
         try:
-            async for chunk in self._stream(self._stub.ReadSnapshot, request):
+            async for chunk in answer:
                 if chunk.HasField("info"):
                     info = chunk.info
                 digests += chunk.message_digests
             if info is None:
                 return None
-            messages = await self._histories.history(bytes(digests), self._read_messages)
+            messages = await self._histories.history(bytes(digests), self._read_messages, read=read, spare=spare)
         except LookupError:  # no such snapshot, or pruned between the two calls
             return None
         return Snapshot(
