@@ -268,14 +268,22 @@ def _first_line(error: BaseException) -> str:
 def _ipc(batch: pa.RecordBatch | None, schema: pa.Schema) -> pa.Buffer:
     """One whole Arrow IPC stream: the schema and (unless None) one batch.
 
-    A buffer rather than bytes: the servicer copies it once, piece by piece, into its messages (a
-    copy of the whole first was one more pass over 8.6 MB for a 100,000-run tree).
+    Written once into a buffer of its exact size, which a dry run into a `MockOutputStream` counts: a
+    growing `BufferOutputStream` copied it again at every doubling (1.2 ms instead of 2.4 for the 8.6 MB of
+    a 100,000-run tree, measured). A buffer rather than bytes: the servicer copies it once, piece by piece,
+    into its messages.
     """
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
-        if batch is not None:
-            writer.write_batch(batch)
-    return sink.getvalue()
+
+    def write(sink: pa.NativeFile) -> None:
+        with pa.ipc.new_stream(sink, schema) as writer:
+            if batch is not None:
+                writer.write_batch(batch)
+
+    size = pa.MockOutputStream()
+    write(size)
+    stream = pa.allocate_buffer(size.size())
+    write(pa.FixedSizeBufferWriter(stream))
+    return stream
 
 
 class Deadline:
