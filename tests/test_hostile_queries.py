@@ -514,7 +514,7 @@ async def test_readable_requests_refuses_unreadable_bytes_and_passes_the_rest(tm
     health service (whose Watch writes through its context instead of yielding)."""
     store = DuckDBStore(tmp_path / "steprec.duckdb")
     server = grpc.aio.server(interceptors=[ReadableRequests()])
-    query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(store), server)
+    server.add_generic_rpc_handlers((RecorderQuery(store).handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

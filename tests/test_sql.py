@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import UTC
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
@@ -19,9 +20,11 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from steprec.exporter import StepRecorder
+from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.query import RecorderClient, truncated
 from steprec.query.sql_commands import EXPORT_TABLES
 from steprec.recorder.process import RecorderProcess
+from steprec.recorder.query_service import encoded_arrow_chunks
 from steprec.recorder.sql import EXPORTS
 
 from .agents import tool_returns
@@ -282,3 +285,16 @@ async def test_export_parquet_is_partitioned_by_day_and_reads_back(
             assert all((out / name / f"day={day}" / "part-0.parquet").exists() for day in days)
     again = await asyncio.to_thread(_steprec, "export", "parquet", str(out), "--endpoint", recorder.endpoint)
     assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+@pytest.mark.parametrize("size", [1, 127, 128, 16_384, 1 << 20, (1 << 20) + 1, 5 << 19])
+def test_arrow_chunks_encoded_ahead_are_what_protobuf_writes(size: int) -> None:
+    """The servicer writes ArrowChunk messages itself (one copy of each piece); clients parse them with protobuf."""
+    stream = pa.py_buffer(bytes(range(256)) * (size // 256) + bytes(size % 256))
+    encoded = list(encoded_arrow_chunks(stream))
+    pieces = [stream[start : start + (1 << 20)].to_pybytes() for start in range(0, size, 1 << 20)]
+    assert encoded == [
+        pb.ArrowChunk(arrow_ipc=piece, batch_end=n == len(pieces) - 1).SerializeToString()
+        for n, piece in enumerate(pieces)
+    ]
+    assert b"".join(pb.ArrowChunk.FromString(chunk).arrow_ipc for chunk in encoded) == stream.to_pybytes()

@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
-from steprec.proto.query.v1 import query_pb2, query_pb2_grpc
+from steprec.proto.query.v1 import query_pb2
 
 from .admin_service import RecorderAdmin
 from .auth import ReadableRequests, TokenAuth
@@ -101,7 +101,7 @@ class Recorder:
         interceptors = [*([TokenAuth(options.token)] if options.token else []), ReadableRequests()]
         self._server = grpc.aio.server(interceptors=interceptors)
         self._server.add_generic_rpc_handlers((LogsIngest(self.store).handler(),))
-        query_pb2_grpc.add_RecorderQueryServicer_to_server(RecorderQuery(self.store), self._server)
+        self._server.add_generic_rpc_handlers((RecorderQuery(self.store).handler(),))
         admin_pb2_grpc.add_RecorderAdminServicer_to_server(RecorderAdmin(self.store), self._server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
