@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from steprec.recorder.allocators import SETTINGS
 from steprec.recorder.settings import add_arguments, resolve
 
 
@@ -54,3 +56,27 @@ def test_the_command_reports_a_bad_setting_without_a_traceback(tmp_path: Path) -
     assert result.returncode == 2  # a bad setting is a bad argument (cli.EXIT_CODES)
     assert "steprec serve: --listen: 'nowhere' is not HOST:PORT" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads the daemon's environment from /proc")
+@pytest.mark.parametrize("operator_value", [None, "5"])
+def test_serve_starts_over_with_the_allocator_settings_keeping_the_operators(tmp_path: Path, operator_value) -> None:
+    """pyarrow's and DuckDB's allocators read them when they load, before any command runs (allocators.py)."""
+    environ = {name: value for name, value in os.environ.items() if name not in SETTINGS}
+    if operator_value is not None:
+        environ["MIMALLOC_PURGE_DELAY"] = operator_value
+    steprec = Path(sys.executable).parent / "steprec"
+    daemon = subprocess.Popen([str(steprec), "serve", "--listen", "127.0.0.1:0", "--data", str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environ)  # fmt: skip
+    try:
+        assert daemon.stdout is not None
+        while "listening on" not in (line := daemon.stdout.readline()):
+            assert line, "the daemon ended before it listened"
+        started = dict(
+            item.split("=", 1) for item in Path(f"/proc/{daemon.pid}/environ").read_text().split("\0") if item
+        )
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+    expected = {**SETTINGS, **({"MIMALLOC_PURGE_DELAY": operator_value} if operator_value else {})}
+    assert {name: started.get(name) for name in SETTINGS} == expected  # same process id: it replaced itself

@@ -7,6 +7,7 @@ import asyncio
 import os
 from pathlib import Path
 
+from .allocators import restart_with_settings
 from .logs import configure_logging
 from .settings import add_arguments, resolve
 
@@ -22,6 +23,7 @@ def _serve(options: argparse.Namespace) -> int:
     from .server import ServeOptions, serve
 
     settings = resolve(options)
+    restart_with_settings()  # run from a command line without the allocator settings: starts over with them
     configure_logging(settings.pop("log_format"))
     token_file = settings.pop("token_file")
     secret_file = settings.pop("s3_secret_access_key_file")

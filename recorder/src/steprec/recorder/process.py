@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import allocators
+
 _METRICS = re.compile(r"metrics on (http://\S+)")
 _LISTENING = re.compile(r"listening on (?:(https?)://)?(\S+):(\d+)")
 
@@ -41,7 +43,11 @@ class RecorderProcess:
         # Owner-only, like everything in the data folder; the child owns the handle for its lifetime.
         log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
         self.process = subprocess.Popen(
-            [*command, *self.extra_args], stdout=subprocess.PIPE, stderr=log, text=True, env=os.environ.copy()
+            [*command, *self.extra_args],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env={**os.environ, **allocators.missing()},  # as `steprec serve` would restart itself with them
         )
         deadline = time.monotonic() + timeout
         assert self.process.stdout is not None

@@ -1,0 +1,43 @@
+"""How long the recorder's allocators keep memory it freed before giving it back to the operating system.
+
+pyarrow's allocator (mimalloc) gives freed pages back after 10 ms and DuckDB's (jemalloc) after 1 s, so a
+large read that follows a pause finds none of the memory the last one used and faults every page in again:
+a 100,000-run tree read 2.5 s after the previous one took about 5,000 page faults and 14 ms more than one
+right after it (measured; docs/benchmarks.md). A minute instead keeps the reads of one session warm, and a
+recorder left idle still gives its peak back.
+
+Both allocators read these settings from the environment once, when their library loads, which is before any
+command runs: `RecorderProcess` starts the daemon with them, and `steprec serve` started without them starts
+over with them (`restart_with_settings`). A value the operator set is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+RETAIN_MS = 60_000
+SETTINGS = {
+    "MIMALLOC_PURGE_DELAY": str(RETAIN_MS),
+    "DUCKDB_JE_MALLOC_CONF": f"dirty_decay_ms:{RETAIN_MS},muzzy_decay_ms:{RETAIN_MS}",
+}
+
+
+def missing() -> dict[str, str]:
+    """The settings this process's environment does not name yet."""
+    return {name: value for name, value in SETTINGS.items() if name not in os.environ}
+
+
+def restart_with_settings() -> None:
+    """Replace this process by the same command with the missing settings, when it is `... serve` run from a
+    command line (not a `main([...])` inside another program) on a POSIX system; else return and serve as is.
+
+    The process keeps its id, so a supervisor (systemd, Docker's PID 1) sees the same daemon.
+    """
+    settings = missing()
+    if not settings or sys.argv[1:2] != ["serve"] or os.name != "posix":
+        return
+    try:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **settings})
+    except OSError:  # the interpreter cannot be started again: serve with the allocators' own defaults
+        return
