@@ -432,7 +432,7 @@ class DuckDBStore:
                 where = " AND ".join(filters)
                 # The runs as a table, matched by hash join: list_contains over a list of every pruned run scanned
                 # the list per row (100,000 runs over 1,000,000 events: 63 s a statement, the write lock held).
-                pruned = cursor.execute(f"SELECT DISTINCT run_id FROM runs WHERE {where}", params).fetch_arrow_table()
+                pruned = cursor.execute(f"SELECT DISTINCT run_id FROM runs WHERE {where}", params).to_arrow_table()
                 cursor.register("pruned_runs", pruned)
                 counts = {}
                 for table in ("events", "run_endings", "snapshots", "tool_effects", "runs"):
