@@ -1,8 +1,9 @@
-"""HistoryCache's copies made ahead (`spare`): used only for the messages they copy, each handed out once."""
+"""HistoryCache's copies: made ahead (`spare`) for the messages they copy, lent again once nobody holds them."""
 
 from __future__ import annotations
 
 import hashlib
+import weakref
 
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ModelResponse, TextPart, UserPromptPart
 from steprec.query.history_cache import READS_REMEMBERED, HistoryCache
@@ -63,3 +64,26 @@ async def test_a_client_without_a_message_cache_makes_no_copies_ahead() -> None:
     cache, read = HistoryCache(max_bytes=0), ("run-1", False, None)
     await cache.history(b"".join(D), fetch, read=read)
     assert cache.spare(read) is None
+
+
+async def test_copies_nobody_holds_are_lent_again_and_held_or_changed_ones_are_not() -> None:
+    cache, digests, read = HistoryCache(), b"".join(D), ("run-1", False, None)
+    first = await cache.history(digests, fetch, read=read)
+    recorded, dropped = _json(first), [weakref.ref(m) for m in first]
+    del first
+    again = await cache.history(digests, fetch, read=read)
+    assert all(ref() is m for ref, m in zip(dropped, again, strict=True))  # nothing else held them: lent again
+
+    held = await cache.history(digests, fetch, read=read, spare=cache.spare(read))
+    assert not {id(m) for m in held} & {id(m) for m in again} and _json(held) == recorded
+    del again
+
+    # The copies lent last (`held`) changed, then dropped: the changed ones are replaced, the rest lent again.
+    held[0].run_id, held[1].parts, held[2].extra = "edited", [TextPart("changed")], True
+    dropped = [weakref.ref(m) for m in held]
+    del held
+    spare = cache.spare(read)
+    assert spare is not None
+    assert [ref() is m for ref, m in zip(dropped, spare.copies, strict=True)] == [False] * 3 + [True] * 3
+    latest = await cache.history(digests, fetch, read=read, spare=spare)
+    assert _json(latest) == recorded and not hasattr(latest[2], "extra")

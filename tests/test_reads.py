@@ -177,6 +177,14 @@ async def test_histories_are_validated_once_per_client_and_never_share_what_a_ru
         assert ModelMessagesTypeAdapter.dump_json(await fork_run(uncached, run_id=origin.run_id, at=1)) == recorded
         assert ModelMessagesTypeAdapter.dump_json(await fork_run(uncached, run_id=origin.run_id, at=1)) == recorded
 
+    # A history a run changed and then dropped is lent again only as it was recorded.
+    del first, second
+    changed = await fork_run(client, run_id=origin.run_id, at=1)
+    changed[-1].parts = [*changed[-1].parts, UserPromptPart("and more")]
+    await agent.run(message_history=changed, metadata=changed.metadata, conversation_id="conv-cached-fork")
+    del changed
+    assert ModelMessagesTypeAdapter.dump_json(await fork_run(client, run_id=origin.run_id, at=1)) == recorded
+
     # A later snapshot of the run needs only the messages it added or changed: the three after snapshot 1,
     # and its last request, which pydantic-ai stamped with the run's ids when it sent it.
     latest = await continue_run(client, run_id=origin.run_id)

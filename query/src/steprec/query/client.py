@@ -278,8 +278,8 @@ class RecorderClient:
     async def _read_snapshot(self, request: pb.ReadSnapshotRequest) -> Snapshot | None:
         """The snapshot's digests first, then only the messages `_histories` does not hold (`_read_messages`).
 
-        While the recorder answers, the copies of what the same read handed out last are made (`spare`): the
-        answer is most often the same history, and copying it costs as much as the call (docs/benchmarks.md).
+        While the recorder answers, copies of what the same read handed out last are lent (`spare`): the answer
+        is most often the same history, and copying it costs as much as the call (docs/benchmarks.md).
         """
         request.digests_only = True
         index = request.snapshot_index if request.HasField("snapshot_index") else None
