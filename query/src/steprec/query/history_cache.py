@@ -22,6 +22,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from operator import attrgetter, itemgetter
 
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
@@ -29,7 +30,8 @@ from steprec.proto.sized_cache import SizedCache
 from steprec.proto.wire import split_digests
 
 DEFAULT_CACHE_BYTES = 32 << 20
-"""Messages kept, counted by their JSON size (the objects take a few times that): ten 1000-step histories."""
+"""Messages kept, counted by their JSON size (the objects, and the copies each history lent last, take a few
+times that): ten 1000-step histories."""
 
 READS_REMEMBERED = 64
 """Reads whose last history is remembered, so their next answer's copies can be made ahead (`spare`)."""
@@ -44,26 +46,20 @@ class Spare:
 
 
 _fields_of = attrgetter("__dict__")
-_UNHELD = list(map(sys.getrefcount, [object()]))[0]
+_UNHELD = list(map(sys.getrefcount, islice([object()], 0, None)))[0]
 """A copy's reference count, counted as `_History.lend` counts it, when only its history's list holds it."""
 
 
-class _NotLent:
-    """Stands in a history's list of lent copies for a message whose copy came from another history."""
-
-
-_NOT_LENT = _NotLent()
-
-
 class _History:
-    """A history's validated messages, never handed out, and the copies of them it lent last."""
+    """A history's validated messages, never handed out, and the copies of them it lent last (None for a
+    message whose copy came from another history's `spare`)."""
 
     __slots__ = ("messages", "size", "_fields", "_lent")
 
     def __init__(self, messages: tuple[ModelMessage, ...], size: int) -> None:
         self.messages, self.size = messages, size
         self._fields = [_fields_of(message) for message in messages]
-        self._lent: list[object] = [_NOT_LENT] * len(messages)
+        self._lent: list[ModelMessage | None] = [None] * len(messages)
 
     def lend(self, start: int = 0) -> list[ModelMessage]:
         """Copies of `messages[start:]`, each held by nothing else: the copy lent last when only this list
@@ -71,12 +67,12 @@ class _History:
         else a fresh one. Counting and comparing all of them in C first makes a repeated read of a
         2,002-message history take about half of copying it, and it leaves no new objects for the cyclic
         garbage collector, whose full collections had set the read's p99 (about 100 ms, measured)."""
-        counts = list(map(sys.getrefcount, self._lent))  # before anything here takes a reference to one
+        counts = list(map(sys.getrefcount, islice(self._lent, start, None)))  # before anything else refers to one
         lent = self._lent[start:]
-        if counts[start:].count(_UNHELD) == len(lent) and list(map(_fields_of, lent)) == self._fields[start:]:
+        if counts.count(_UNHELD) == len(lent) and list(map(_fields_of, lent)) == self._fields[start:]:
             return lent  # type: ignore[return-value]
-        for index in range(start, len(self._lent)):
-            if counts[index] != _UNHELD or _fields_of(self._lent[index]) != self._fields[index]:
+        for index, count in enumerate(counts, start):
+            if count != _UNHELD or _fields_of(self._lent[index]) != self._fields[index]:
                 self._lent[index] = _copy(self.messages[index])
         return self._lent[start:]  # type: ignore[return-value]
 
