@@ -87,3 +87,12 @@ async def test_copies_nobody_holds_are_lent_again_and_held_or_changed_ones_are_n
     assert [ref() is m for ref, m in zip(dropped, spare.copies, strict=True)] == [False] * 3 + [True] * 3
     latest = await cache.history(digests, fetch, read=read, spare=spare)
     assert _json(latest) == recorded and not hasattr(latest[2], "extra")
+
+
+async def test_reads_in_flight_together_never_share_a_copy() -> None:
+    cache, digests, read = HistoryCache(), b"".join(D), ("run-1", False, None)
+    await cache.history(digests, fetch, read=read)  # dropped at once: its copies are free to lend again
+    first_spare, second_spare = cache.spare(read), cache.spare(read)  # two reads begun before either is answered
+    first = await cache.history(digests, fetch, read=read, spare=first_spare)
+    second = await cache.history(digests, fetch, read=read, spare=second_spare)
+    assert not {id(m) for m in first} & {id(m) for m in second} and _json(first) == _json(second)
