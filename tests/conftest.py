@@ -12,9 +12,10 @@ from steprec.recorder.process import RecorderProcess
 
 
 @pytest.fixture(autouse=True)
-def _private_spool(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test spools into its own folder, never the user's ~/.local/state."""
-    monkeypatch.setenv("STEPREC_SPOOL_DIR", str(tmp_path_factory.mktemp("spool")))
+def _private_journal(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test journals into its own folder, never the user's ~/.local/state; a recorder the test starts
+    on loopback inherits the variable and so adopts that folder (its default), as it would the user's."""
+    monkeypatch.setenv("STEPREC_JOURNAL_DIR", str(tmp_path_factory.mktemp("journal")))
 
 
 @pytest.fixture
