@@ -1,4 +1,4 @@
-"""Append-only files of checksummed frames: the recorder's write-ahead log and the exporter's spool.
+"""Append-only files of checksummed frames: the recorder's write-ahead log and the exporter's journal.
 
 Each frame is `length (u32) | sequence (u64) | crc32 (u32) | payload`. A
 process killed mid-write leaves at most one torn frame at the end of a file;

@@ -67,6 +67,8 @@ def check_journal_dir(directory: Path) -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         info = directory.stat()
+    except FileExistsError:
+        raise ValueError(f"journal folder {directory} is not a folder") from None
     except OSError as error:
         raise ValueError(f"journal folder {directory} cannot be created: {error.strerror}") from None
     if not stat.S_ISDIR(info.st_mode):
@@ -161,24 +163,27 @@ def adopt(path: Path) -> Segment | None:
     if lock is None:
         return None
     position = _read_position(path.with_suffix(".pos"))
-    ends: deque[int] = deque()
-    intact = 0
-    for _, end, _ in read_frames(path):  # stops before a torn or corrupt frame
-        intact = end
-        if end > position:
-            ends.append(end)
+    frame_ends = [end for _, end, _ in read_frames(path)]  # stops before a torn or corrupt frame
+    intact = frame_ends[-1] if frame_ends else 0
+    if position not in (0, *frame_ends):  # not at a frame boundary: resend it all, replays are suppressed
+        position = 0
     size = os.fstat(lock.fileno()).st_size
-    if position > intact:  # a `.pos` past the intact frames: trust the frames, not the stranger's offset
-        position = intact
-    return Segment(path, lock, position, ends, torn_bytes=size - intact)
+    return Segment(path, lock, position, deque(end for end in frame_ends if end > position), torn_bytes=size - intact)
 
 
-def orphans(directory: Path) -> list[Segment]:
-    """Every segment in `directory` whose owner died, adopted, oldest name first."""
+def orphans(directory: Path, *, owner: int | None = None) -> list[Segment]:
+    """Every segment in `directory` whose writer died, adopted, oldest name first (only files of the
+    user `owner`, when given)."""
     adopted = []
     for path in sorted(directory.glob(SEGMENT_GLOB)):
-        if path.is_symlink() or not path.is_file():
+        try:
+            info = path.lstat()
+        except OSError:
+            continue  # retired while we looked
+        if not stat.S_ISREG(info.st_mode):
             continue  # never follow a planted link out of the folder
+        if owner is not None and info.st_uid != owner:
+            continue
         if (segment := adopt(path)) is not None:
             adopted.append(segment)
     return adopted
@@ -210,11 +215,11 @@ def status(directory: Path) -> list[SegmentStatus]:
             continue
         segment = adopt(path)
         if segment is None:
+            if not path.exists():
+                continue  # retired while we looked
             position = _read_position(path.with_suffix(".pos"))
             found.append(SegmentStatus(path, True, size, max(size - position, 0), -1, 0))
             continue
-        found.append(
-            SegmentStatus(path, False, size, segment.unsent_bytes(), len(segment.ends), segment.torn_bytes)
-        )
+        found.append(SegmentStatus(path, False, size, segment.unsent_bytes(), len(segment.ends), segment.torn_bytes))
         segment.lock.close()
     return found
