@@ -287,7 +287,10 @@ async def test_capture_frontier_checkpoints_before_requests_and_tools(
     assert any(isinstance(p, UserPromptPart) and p.content == "keep my prompt" for p in snapshot.messages[0].parts)
 
 
-async def test_snapshot_saved_event_reports_acknowledged_snapshots(recorder: RecorderProcess) -> None:
+@pytest.mark.parametrize(("mode", "delivery"), [("journal", "journaled"), ("acknowledged", "acknowledged")])
+async def test_snapshot_saved_event_reports_how_each_snapshot_was_made_durable(
+    recorder: RecorderProcess, mode: str, delivery: str
+) -> None:
     from pydantic_ai.capabilities import Hooks
 
     seen: list[SnapshotSaved] = []
@@ -298,7 +301,7 @@ async def test_snapshot_saved_event_reports_acknowledged_snapshots(recorder: Rec
         seen.append(event)
 
     # Event observers make pydantic-ai stream, which TestModel supports.
-    agent = Agent(TestModel(), capabilities=[StepRecorder(endpoint=recorder.endpoint), hooks])
+    agent = Agent(TestModel(), capabilities=[StepRecorder(endpoint=recorder.endpoint, delivery=mode), hooks])
 
     @agent.tool_plain
     def echo(text: str) -> str:
@@ -309,7 +312,7 @@ async def test_snapshot_saved_event_reports_acknowledged_snapshots(recorder: Rec
     # fallback comes after the event stream has ended, so observers do not see that one).
     assert [e.snapshot_index for e in seen] == [0]
     (event,) = seen
-    assert (event.run_id, event.state, event.delivery) == (result.run_id, "complete", "acknowledged")
+    assert (event.run_id, event.state, event.delivery) == (result.run_id, "complete", delivery)
 
 
 # -- tool-effect ledger -----------------------------------------------------------------------

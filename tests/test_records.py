@@ -7,13 +7,12 @@ import json
 import random
 
 import pytest
-from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
-from opentelemetry.sdk._logs import LoggerProvider, LogRecordProcessor, ReadWriteLogRecord
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
 from steprec.exporter import _records
 from steprec.exporter import _snapshots as snapshots_module
 from steprec.exporter._history import answer_calls
+from steprec.exporter._otlp import RequestEnvelope
 from steprec.exporter._snapshots import SnapshotEncoder
 from steprec.proto import wire
 from steprec.recorder.decode import SnapshotRecord, StepEventRecord, ToolEffectRecord, decode_request
@@ -21,30 +20,15 @@ from steprec.recorder.decode import SnapshotRecord, StepEventRecord, ToolEffectR
 SCOPE = _records.RunScope("run-1", "conv-1", "parent-1", "agent-a", {"team": "blue"})
 
 
-class _Collect(LogRecordProcessor):
-    def __init__(self) -> None:
-        self.records: list[ReadWriteLogRecord] = []
-
-    def on_emit(self, log_record: ReadWriteLogRecord) -> None:
-        self.records.append(log_record)
-
-    def shutdown(self) -> None: ...
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+def _request(*records: _records.Record) -> ExportLogsServiceRequest:
+    """The records as the exporter sends them, parsed by the official OTLP protobuf classes."""
+    envelope = RequestEnvelope({"service.name": "steprec"}, wire.SCOPE_NAME, "test")
+    return ExportLogsServiceRequest.FromString(envelope.request([record.data for record in records]))
 
 
 def _round_trip(*records):
-    """Emit through a real SDK LoggerProvider, encode as OTLP protobuf, decode as the recorder does."""
-    collect = _Collect()
-    provider = LoggerProvider(resource=Resource.create({}), shutdown_on_exit=False)
-    provider.add_log_record_processor(collect)
-    logger = provider.get_logger(wire.SCOPE_NAME)
-    for record in records:
-        logger.emit(record)
-    request = encode_logs(collect.records)
-    request = type(request).FromString(request.SerializeToString())
-    decoded, refusals = decode_request(request)
+    """Encode as the exporter does, parse as OTLP protobuf, decode as the recorder does."""
+    decoded, refusals = decode_request(_request(*records))
     assert refusals == []
     return decoded
 
@@ -143,11 +127,7 @@ def test_snapshot_round_trip() -> None:
     ],
 )  # fmt: skip
 def test_malformed_records_are_refused_with_a_reason(record, code) -> None:
-    collect = _Collect()
-    provider = LoggerProvider(resource=Resource.create({}), shutdown_on_exit=False)
-    provider.add_log_record_processor(collect)
-    provider.get_logger(wire.SCOPE_NAME).emit(record)
-    decoded, refusals = decode_request(encode_logs(collect.records))
+    decoded, refusals = decode_request(_request(record))
     assert decoded == [] and [r.code for r in refusals] == [code]
     assert refusals[0].line().startswith("record 0 [")
 

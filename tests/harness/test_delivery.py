@@ -1,4 +1,4 @@
-"""How RecorderStepStore's writes travel: acknowledged without blocking the loop, spooled when the recorder is down."""
+"""How RecorderStepStore's writes travel: acknowledged off the loop, journaled while the recorder is down."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ async def test_large_messages_and_media_round_trip(store_pair: Callable[..., Sto
     assert [(s.idempotency_key, s.timestamp) for s in got] == [(s.idempotency_key, s.timestamp) for s in want]
 
 
-async def test_with_the_recorder_down_writes_are_spooled_and_reads_fail() -> None:
+async def test_with_the_recorder_down_writes_are_journaled_and_reads_fail() -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         endpoint = f"127.0.0.1:{probe.getsockname()[1]}"

@@ -3,7 +3,7 @@
 `OTLPLogExporter.export` answers only SUCCESS or FAILURE, dropping the response's
 `partial_success`. steprec needs it: a second registration of an explicit run id
 comes back as a refused record, and the capability must turn that into
-`ValueError`. It also sends requests that were encoded earlier (spooled ones).
+`ValueError`. It also sends requests encoded earlier (journal frames, as bytes).
 Everything else (channel, credentials, headers, compression, the
 `OTEL_EXPORTER_OTLP_*` environment) stays the stock exporter's.
 """
@@ -14,9 +14,9 @@ import re
 import threading
 from dataclasses import dataclass, field
 
+import grpc
 from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import LogsServiceStub
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
 from opentelemetry.sdk._logs.export import LogRecordExportResult
 
 _REFUSAL_LINE = re.compile(r"^record (\d+) \[([a-z_]+)\]: (.*)$")
@@ -48,15 +48,23 @@ def parse_refusals(error_message: str) -> tuple[Refusal, ...]:
     return tuple(refusals)
 
 
-class _ResponseKeepingStub:
-    """LogsServiceStub that remembers the last response per calling thread."""
+def _serialize(request: bytes | ExportLogsServiceRequest) -> bytes:
+    return request if isinstance(request, bytes) else request.SerializeToString()
 
-    def __init__(self, channel: object) -> None:
-        self._stub = LogsServiceStub(channel)
+
+class _ResponseKeepingStub:
+    """The LogsService stub, taking requests already encoded, that remembers the last response per thread."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._export = channel.unary_unary(
+            "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+            request_serializer=_serialize,
+            response_deserializer=ExportLogsServiceResponse.FromString,
+        )
         self.last = threading.local()
 
     def Export(self, request, metadata=None, timeout=None):  # noqa: N802 - gRPC method name
-        response = self._stub.Export(request=request, metadata=metadata, timeout=timeout)
+        response = self._export(request, metadata=metadata, timeout=timeout)
         self.last.response = response
         return response
 
@@ -64,8 +72,8 @@ class _ResponseKeepingStub:
 class AcknowledgedLogExporter(OTLPLogExporter):
     """`OTLPLogExporter` that sends pre-encoded requests and reports per-record refusals.
 
-    It does not retry: a failed request goes to steprec's spool, whose drain
-    loop retries in the background, so a recorder that is down costs the agent
+    It does not retry: a failed request stays in steprec's journal, which the
+    delivery thread re-sends in the background, so a recorder that is down costs the agent
     one failed call, not a backoff schedule.
     """
 
@@ -78,14 +86,16 @@ class AcknowledgedLogExporter(OTLPLogExporter):
         super()._initialize_channel_and_stub()
 
     def _translate_data(self, data):
-        return data if isinstance(data, ExportLogsServiceRequest) else super()._translate_data(data)
+        return data if isinstance(data, bytes | ExportLogsServiceRequest) else super()._translate_data(data)
 
     def _count_data(self, data) -> int:
+        if isinstance(data, bytes):
+            return 1  # only for the stock exporter's log lines; counting would mean parsing
         if isinstance(data, ExportLogsServiceRequest):
             return sum(len(s.log_records) for r in data.resource_logs for s in r.scope_logs)
         return super()._count_data(data)
 
-    def send(self, request: ExportLogsServiceRequest) -> ExportOutcome:
+    def send(self, request: bytes | ExportLogsServiceRequest) -> ExportOutcome:
         client = self._client
         if isinstance(client, _ResponseKeepingStub):
             client.last.response = None

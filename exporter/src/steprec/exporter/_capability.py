@@ -11,29 +11,36 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from opentelemetry._logs import LogRecord
 from pydantic_ai import CallToolsNode, ModelRequestNode
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
-from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
+from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler, WrapToolExecuteHandler
+from pydantic_ai.exceptions import ModelRetry, ToolFailed, ToolFailedError, ToolRetryError
 from pydantic_ai.messages import ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from steprec.proto import wire
+from steprec.proto.journal import check_journal_dir, default_journal_dir
 from steprec.proto.tls import ClientTLS
 
 from . import _records
 from ._context import active_recording, live_history
-from ._delivery import Delivery
+from ._delivery import Delivery, OrderedDeliveryProcessor
 from ._events import SnapshotSaved
 from ._history import has_model_response
 from ._identity import check_run_id, derive_run_id
-from ._pipeline import DeliveryOptions, RecorderPipeline, default_spool_dir, pipeline_for
-from ._records import ErrorText
+from ._pipeline import DeliveryOptions, pipeline_for
+from ._records import ErrorText, Record
 from ._snapshots import Keyed, SnapshotEncoder
 
 DEFAULT_ENDPOINT = "127.0.0.1:4317"
 _RESEND_WHOLE = {"refused:unknown_message", "refused:unknown_base"}
+_DELIVERY_MODES = ("journal", "acknowledged", "best_effort")
+_MIN_JOURNAL_BYTES = 1 << 20
+_RETRIED_OR_FAILED = (ModelRetry, ToolFailed, ToolRetryError, ToolFailedError)
+"""Raised by a tool to ask the model to try again, or to report failure: pydantic-ai calls no error hook
+for them, so `wrap_tool_execute` records the call's end."""
+_UNKNOWN = object()
 _ENDPOINT = re.compile(r"^(?:https?://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}/?$")
 
 
@@ -74,8 +81,9 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     store lives in another process: run-boundary and step events, a continuable
     snapshot after every settled tool cycle (and on failure), and a
     `started`/`completed`/`failed` ledger per tool call. Snapshots and
-    tool-effect starts are waited for until the recorder acknowledged them, so
-    a process killed right after a tool returned still leaves a resume point.
+    tool-effect starts are in this process's journal on disk before the hook
+    returns (`delivery`), so a process killed right after a tool returned
+    still leaves a resume point, delivered by the recorder or a later process.
 
     ```python
     agent = Agent(model, capabilities=[StepRecorder(agent_name="librarian")])
@@ -109,19 +117,24 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     max_snapshots_per_run: int | None = None
     """Retention the recorder applies to this run's snapshots (None: the recorder's default)."""
 
-    delivery: Literal["acknowledged", "best_effort"] = "acknowledged"
-    """`acknowledged` (default): snapshots and tool-effect starts return only once the recorder
-    committed them (or they were spooled because it is unreachable). `best_effort`: nothing waits
-    except run registration; faster, but a crash can lose the last records still in memory."""
+    delivery: Literal["journal", "acknowledged", "best_effort"] = "journal"
+    """`journal` (default): snapshots and tool-effect starts return once they are in this process's
+    journal (one `write()`, kept by the kernel if the process is killed); registration and the run's
+    end wait for the recorder. `acknowledged`: every durable hook waits for the recorder's answer,
+    for hosts whose disk may vanish with them. `best_effort`: only registration waits; a crash can
+    lose the records still in memory. docs/delivery.md has what each costs and leaves after a crash."""
 
     timeout_seconds: float = 5.0
-    """How long one request to the recorder may take before its records go to the spool instead."""
+    """How long one request to the recorder may take before it counts as unreachable (records stay journaled)."""
 
-    spool_dir: Path | None = None
-    """Where undeliverable records wait for the recorder (default: per endpoint under ~/.local/state/steprec)."""
+    journal_dir: Path | None = None
+    """This process's journal folder (`STEPREC_JOURNAL_DIR`, else per endpoint under ~/.local/state/steprec)."""
 
-    spool_max_bytes: int = 256 << 20
-    """Bound of the spool; past it records are dropped, counted and logged."""
+    journal_max_bytes: int = 256 << 20
+    """Bound of what the journal holds unacknowledged; past it records are dropped, counted and logged."""
+
+    journal_fsync: bool = False
+    """fsync every journal append too, so records survive power loss, not only a killed process."""
 
     token: str | None = field(default_factory=lambda: os.environ.get("STEPREC_TOKEN") or None, repr=False)
     """Bearer token for a recorder started with one (`STEPREC_TOKEN` sets the default). Never printed."""
@@ -134,13 +147,15 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     """Client certificate and key, for a recorder that requires mutual TLS."""
 
     _tls: ClientTLS = field(default_factory=ClientTLS, init=False, repr=False)
-    _pipeline: RecorderPipeline | None = field(default=None, init=False, repr=False)
+    _pipeline: OrderedDeliveryProcessor | None = field(default=None, init=False, repr=False)
+    _resets_seen: int = field(default=0, init=False, repr=False)
     _scope: _records.RunScope | None = field(default=None, init=False, repr=False)
     _event_sequence: int = field(default=0, init=False, repr=False)
     _snapshot_sequence: int = field(default=0, init=False, repr=False)
     _effect_sequence: int = field(default=0, init=False, repr=False)
     _encoder: SnapshotEncoder = field(default_factory=SnapshotEncoder, init=False, repr=False)
-    _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
+    _last_snapshot: tuple[Keyed, int] | None = field(default=None, init=False, repr=False)
+    """The history and step of the run's latest snapshot, re-sent at the run's end if it may be lost."""
     _annotations: dict[str, dict[str, str]] = field(default_factory=dict, init=False, repr=False)
     _in_flight: set[str] = field(default_factory=set, init=False, repr=False)
     _forked_from: tuple[str, int] | None = field(default=None, init=False, repr=False)
@@ -158,13 +173,18 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             raise ValueError(f"max_snapshots_per_run must be a positive integer, got {self.max_snapshots_per_run!r}")
         if not isinstance(self.timeout_seconds, (int, float)) or self.timeout_seconds <= 0:
             raise ValueError(f"timeout_seconds must be a positive number, got {self.timeout_seconds!r}")
-        if not isinstance(self.spool_max_bytes, int) or self.spool_max_bytes < 1 << 20:
-            raise ValueError(f"spool_max_bytes must be an integer of at least 1 MiB, got {self.spool_max_bytes!r}")
-        if self.spool_dir is not None:
-            self.spool_dir = Path(self.spool_dir)
+        if (
+            isinstance(self.journal_max_bytes, bool)
+            or not isinstance(self.journal_max_bytes, int)
+            or self.journal_max_bytes < _MIN_JOURNAL_BYTES
+        ):
+            raise ValueError(
+                f"journal_max_bytes must be an integer of at least 1 MiB (1048576), got {self.journal_max_bytes!r}"
+            )
+        if self.delivery not in _DELIVERY_MODES:
+            raise ValueError(f"delivery must be one of {', '.join(map(repr, _DELIVERY_MODES))}, got {self.delivery!r}")
+        self.journal_dir = check_journal_dir(Path(self.journal_dir or default_journal_dir(self.endpoint)))
         self._tls = ClientTLS(self.tls_ca, self.tls_cert, self.tls_key)
-        if self.delivery not in ("acknowledged", "best_effort"):
-            raise ValueError(f"delivery must be 'acknowledged' or 'best_effort', got {self.delivery!r}")
 
     @classmethod
     def from_spec(cls, *args: Any, **kwargs: Any) -> StepRecorder[Any]:
@@ -206,18 +226,20 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             DeliveryOptions(
                 endpoint=self.endpoint,
                 timeout_seconds=float(self.timeout_seconds),
-                spool_dir=self.spool_dir or default_spool_dir(self.endpoint),
-                spool_max_bytes=self.spool_max_bytes,
+                journal_dir=self.journal_dir,
+                journal_max_bytes=self.journal_max_bytes,
+                journal_fsync=bool(self.journal_fsync),
                 token=self.token,
                 tls=self._tls,
             )
         )
+        run._resets_seen = run._pipeline.snapshot_resets
         run._scope = _records.RunScope(run_id, ctx.conversation_id, parent, agent_name, self.metadata)
         run._forked_from = _fork_origin(ctx.metadata)
         return run
 
     @property
-    def recording(self) -> tuple[RecorderPipeline, _records.RunScope]:
+    def recording(self) -> tuple[OrderedDeliveryProcessor, _records.RunScope]:
         if self._pipeline is None or self._scope is None:
             raise RuntimeError("StepRecorder hook called before for_run materialised the run")
         return self._pipeline, self._scope
@@ -229,20 +251,43 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     # write and replays it with the same values. Per-run counters advance outside the operations:
     # replay re-runs the hooks in the same order and regenerates the same idempotency keys.
 
-    def _emit(self, record: LogRecord) -> None:
+    def _emit(self, record: Record) -> None:
         pipeline, _ = self.recording
-        pipeline.logger.emit(record)
+        pipeline.emit(record)
 
     async def _acknowledged(self) -> Delivery:
-        """Wait until every record emitted so far is acknowledged by the recorder, or spooled."""
+        """Wait until every record emitted so far is acknowledged (or journaled, while the recorder is unreachable)."""
         pipeline, _ = self.recording
-        return await asyncio.wrap_future(pipeline.delivery.barrier())
+        return await asyncio.wrap_future(pipeline.barrier())
 
-    async def _settle(self, durable: bool) -> str:
-        """Wait for the recorder on durable records unless the user chose best-effort delivery."""
-        if durable and self.delivery == "acknowledged":
-            return (await self._acknowledged()).value
-        return "queued"
+    async def _settle(self, wait: str) -> str:
+        """Make the records emitted so far as safe as the delivery mode promises at this point.
+
+        `wait` is `none` (a step event: it rides with the next durable write), `durable` (a resume
+        point or a tool start: journaled, or acknowledged in `acknowledged` mode) or `end` (the run's
+        last record: acknowledged, so a reader right after `Agent.run` sees the whole run; never in
+        `best_effort`). A recorder that is unreachable is never waited for.
+        """
+        if wait == "none" or self.delivery == "best_effort":
+            return "queued"
+        if wait == "durable" and self.delivery == "journal":
+            pipeline, _ = self.recording
+            return pipeline.journal().value
+        return (await self._acknowledged()).value
+
+    def _operation(self, ctx: RunContext[Any], name: str, method: Any) -> Any:
+        """`method` (a `durable_operation` named `name`) bound to self: through pydantic-ai's durable dispatch
+        when a durability engine bound that operation to this run, else the plain method.
+
+        The decorator's own wrapper binds `inspect.signature` on every call, a fifth of what steprec
+        cost an agent per step (issue 18); without an engine it only calls the method, so skipping it
+        changes nothing. A context that does not say (a pydantic-ai without the attribute) goes
+        through the wrapper.
+        """
+        operations = getattr(ctx, "_durable_operations", _UNKNOWN)
+        if operations is _UNKNOWN or (operations and (self.id, name) in operations):
+            return method.__get__(self)
+        return method.__wrapped__.__get__(self)
 
     @durable_operation(name="registration_id")
     async def _new_registration_id(self) -> str:
@@ -261,7 +306,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         registration_id: str | None = None,
         forked_from_run_id: str | None = None,
         forked_from_snapshot: int | None = None,
-        durable: bool = False,
+        wait: str = "none",
     ) -> str:
         pipeline, scope = self.recording
         record = _records.step_event(
@@ -280,10 +325,10 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         )
         self._emit(record)
         if registration_id is None:
-            return await self._settle(durable)
+            return await self._settle(wait)
         # A registration is always waited for: a refused one must fail this run.
         await self._acknowledged()
-        refusal = pipeline.delivery.pop_refusal(record)
+        refusal = pipeline.pop_refusal(record)
         if refusal is not None and refusal.code == wire.REFUSED_RUN_ID_TAKEN:
             raise ValueError(
                 f"StepRecorder: run_id {scope.run_id!r} is already registered with the recorder. "
@@ -300,12 +345,12 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         tool_name: str | None = None,
         error: BaseException | None = None,
         registration_id: str | None = None,
-        durable: bool = False,
+        wait: str = "none",
     ) -> None:
         fork = self._forked_from if registration_id is not None else None
         event_index = self._event_sequence
         self._event_sequence += 1
-        await self._append_event(
+        await self._operation(ctx, "append_event", StepRecorder._append_event)(
             kind=kind,
             step_index=ctx.run_step,
             event_index=event_index,
@@ -315,7 +360,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             registration_id=registration_id,
             forked_from_run_id=fork[0] if fork else None,
             forked_from_snapshot=fork[1] if fork else None,
-            durable=durable,
+            wait=wait,
         )
 
     @durable_operation(name="save_snapshot")
@@ -346,23 +391,30 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             new_messages=inline,
         )
         self._emit(record)
-        delivery = await self._settle(durable=True)
-        refusal = pipeline.delivery.pop_refusal(record)
+        delivery = await self._settle("durable")
+        refusal = pipeline.pop_refusal(record)
         return f"refused:{refusal.code}" if refusal is not None else delivery
 
     async def _save_snapshot(self, ctx: RunContext[AgentDepsT], history: Keyed, step_index: int) -> None:
-        """Send a snapshot and wait for its acknowledgement: this is the resume point after a crash.
+        """Send a snapshot, durable as the delivery mode says: this is the resume point after a crash.
 
         The history arrives serialised (`SnapshotEncoder.keyed`), a copy, so later changes to the
-        live list cannot alter what was saved.
+        live list cannot alter what was saved. If the journal dropped anything, or the recorder
+        refused a snapshot, since this run's last snapshot (`snapshot_resets`), that snapshot may be
+        what was lost: this one goes whole, so the recorder can store it without the base it never
+        got. (A journaled snapshot's refusal arrives after the hook returned; `_confirm_last_snapshot`
+        covers the last one.)
         """
-        _, scope = self.recording
+        pipeline, scope = self.recording
+        if pipeline.snapshot_resets != self._resets_seen:
+            self._resets_seen = pipeline.snapshot_resets
+            self._encoder.forget()
         state = "complete" if history.settled else "interrupted"
         snapshot_index = self._snapshot_sequence
         self._snapshot_sequence += 1
         for attempt in range(2):
             delta = self._encoder.encode(history)
-            delivery = await self._persist_snapshot(
+            delivery = await self._operation(ctx, "save_snapshot", StepRecorder._persist_snapshot)(
                 snapshot_index=snapshot_index,
                 step_index=step_index,
                 state=state,
@@ -376,8 +428,9 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             # The recorder lacks messages this run sent before (pruned, or its data was lost):
             # send this snapshot whole, with every message, under the same key.
             self._encoder.forget()
+            self._resets_seen = pipeline.snapshot_resets  # that refusal is answered here
         self._encoder.commit(snapshot_index, delta)
-        self._last_snapshot_step = step_index
+        self._last_snapshot = (history, step_index)
         await ctx.emit(
             SnapshotSaved(
                 run_id=scope.run_id,
@@ -401,7 +454,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         idempotency_key: str | None = None,
         effect_summary: str | None = None,
         error: ErrorText | None = None,
-        durable: bool = False,
+        wait: str = "none",
     ) -> str:
         _, scope = self.recording
         self._emit(
@@ -417,7 +470,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
                 error=error,
             )
         )
-        return await self._settle(durable)
+        return await self._settle(wait)
 
     async def _record_tool_effect(
         self,
@@ -427,12 +480,12 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         tool_name: str,
         *,
         error: BaseException | None = None,
-        durable: bool = False,
+        wait: str = "none",
     ) -> None:
         annotations = self._annotations.get(tool_call_id, {})
         effect_index = self._effect_sequence
         self._effect_sequence += 1
-        await self._persist_tool_effect(
+        await self._operation(ctx, "record_tool_effect", StepRecorder._persist_tool_effect)(
             status=status,
             effect_index=effect_index,
             step_index=ctx.run_step,
@@ -441,7 +494,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             idempotency_key=annotations.get(wire.BODY_EFFECT_IDEMPOTENCY_KEY),
             effect_summary=annotations.get(wire.BODY_EFFECT_SUMMARY),
             error=ErrorText.of(error) if error is not None else None,
-            durable=durable,
+            wait=wait,
         )
 
     async def annotate(self, ctx: RunContext[Any], idempotency_key: str | None, effect_summary: str | None) -> None:
@@ -453,7 +506,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             annotations[wire.BODY_EFFECT_IDEMPOTENCY_KEY] = idempotency_key
         if effect_summary is not None:
             annotations[wire.BODY_EFFECT_SUMMARY] = effect_summary
-        await self._record_tool_effect(ctx, "annotated", ctx.tool_call_id, ctx.tool_name, durable=True)
+        await self._record_tool_effect(ctx, "annotated", ctx.tool_call_id, ctx.tool_name, wait="durable")
 
     # -- run boundaries --------------------------------------------------------------------------
 
@@ -476,7 +529,8 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         tool_call_id)` and providers reuse tool-call ids, so a silent collision
         would erase the unknown-after-crash signal.
         """
-        await self._record_event(ctx, "run_started", registration_id=await self._new_registration_id())
+        registration_id = await self._operation(ctx, "registration_id", StepRecorder._new_registration_id)()
+        await self._record_event(ctx, "run_started", registration_id=registration_id)
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         """Emit `run_completed`, saving a final snapshot only when the final history differs from the last one.
@@ -486,10 +540,25 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         """
         history = self._encoder.keyed(result.all_messages(), fresh=True)
         if history.refs != self._encoder.previous_refs and history.settled:
-            step = self._last_snapshot_step if self._last_snapshot_step is not None else ctx.run_step
+            step = self._last_snapshot[1] if self._last_snapshot is not None else ctx.run_step
             await self._save_snapshot(ctx, history, step)
-        await self._record_event(ctx, "run_completed", durable=True)
+        await self._record_event(ctx, "run_completed", wait="end")
+        await self._confirm_last_snapshot(ctx)
         return result
+
+    async def _confirm_last_snapshot(self, ctx: RunContext[AgentDepsT]) -> None:
+        """After the run's end was acknowledged: if a snapshot was dropped or refused since the run's
+        last one was built, save that history again, whole, and wait for it.
+
+        In the journal mode a snapshot's refusal (a delta on messages a prune removed meanwhile)
+        arrives after its hook returned; the next snapshot goes whole, but the last one has no next.
+        Without this the run could end with no resume point the recorder holds.
+        """
+        pipeline, _ = self.recording
+        if self._last_snapshot is None or pipeline.snapshot_resets == self._resets_seen:
+            return
+        await self._save_snapshot(ctx, *self._last_snapshot)
+        await self._acknowledged()
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
         """Save the live at-failure history as the last resume point, then emit `run_failed` and re-raise.
@@ -503,7 +572,8 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             captured = list(stashed[0])
             if has_model_response(captured) or (self.capture_frontier and captured):
                 await self._save_snapshot(ctx, self._encoder.keyed(captured, fresh=True), stashed[1])
-        await self._record_event(ctx, "run_failed", error=error, durable=True)
+        await self._record_event(ctx, "run_failed", error=error, wait="end")
+        await self._confirm_last_snapshot(ctx)
         raise error
 
     # -- model requests --------------------------------------------------------------------------
@@ -535,7 +605,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
     async def before_tool_execute(
         self, ctx: RunContext[AgentDepsT], *, call: ToolCallPart, tool_def: ToolDefinition, args: dict[str, Any]
     ) -> dict[str, Any]:
-        """Record the tool effect as `started` and wait for the acknowledgement before the tool runs.
+        """Record the tool effect as `started`, durable before the tool runs (journaled, or acknowledged).
 
         If the process dies inside the tool, that record is what tells a later
         reader the side effect may or may not have happened.
@@ -543,9 +613,35 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         self._in_flight.add(call.tool_call_id)
         await self._record_tool_effect(ctx, "started", call.tool_call_id, tool_def.name)
         await self._record_event(
-            ctx, "tool_call_started", tool_call_id=call.tool_call_id, tool_name=tool_def.name, durable=True
+            ctx, "tool_call_started", tool_call_id=call.tool_call_id, tool_name=tool_def.name, wait="durable"
         )
         return args
+
+    async def wrap_tool_execute(
+        self,
+        ctx: RunContext[AgentDepsT],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: dict[str, Any],
+        handler: WrapToolExecuteHandler,
+    ) -> Any:
+        """Record a tool that raised `ModelRetry` or `ToolFailed` as `failed`, with the message as its error.
+
+        pydantic-ai treats both as control flow and calls no error hook, so without this the call
+        would stay `started` forever and a finished run would list it among the unresolved effects
+        (pydantic-ai-harness 0.62.0 has that defect). The tool did run and its outcome is known.
+        """
+        try:
+            return await handler(args)
+        except _RETRIED_OR_FAILED as error:
+            if call.tool_call_id in self._in_flight:
+                self._in_flight.discard(call.tool_call_id)
+                await self._record_tool_effect(ctx, "failed", call.tool_call_id, tool_def.name, error=error)
+                await self._record_event(
+                    ctx, "tool_call_failed", tool_call_id=call.tool_call_id, tool_name=tool_def.name, error=error
+                )
+            raise
 
     async def after_tool_execute(
         self,

@@ -1,16 +1,16 @@
-"""Ordered, batched delivery of steprec records on one background thread, with a disk spool.
+"""Ordered delivery of steprec records through the journal, on one background thread.
 
-The processor owns batching, the thread and the spool so the exporter stays a
-plain request/response object (the OpenTelemetry SDK's split). Unlike the SDK's
-`BatchLogRecordProcessor`, it keeps emit order across batches and lets a hook
-wait on a *barrier*: "every record emitted so far has been answered". That is
-how a snapshot or a tool-effect `started` record is acknowledged by the
-recorder before the hook returns, while step events travel in batches.
+The processor owns batching, the thread and the journal so the exporter stays a
+plain request/response object (the OpenTelemetry SDK's split). Records wait in
+memory in emit order until something journals them: a hook that needs them
+durable (`journal`), a full batch, a short linger, or a barrier. Each journal
+frame is one encoded OTLP request; the delivery thread sends the journal's
+frames in order, many per Export, and the recorder's acknowledgement trims it.
 
-When the recorder cannot take a request it goes to the spool, and so does every
-later request until the spool has drained, so order survives an outage. A
-barrier is then answered by the spool write: the agent keeps running, and the
-drain loop re-sends in the background.
+A barrier ("every record emitted so far has been answered") is what the
+`acknowledged` mode and the run's registration and end wait on. When the
+recorder is unreachable, a barrier is answered once its records are in the
+journal: the agent keeps running, and the thread re-sends with backoff.
 """
 
 from __future__ import annotations
@@ -19,107 +19,148 @@ import enum
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+import weakref
+from collections import deque
 from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
 
-from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.sdk._logs import LogRecordProcessor, ReadWriteLogRecord
+from steprec.proto import wire
 
 from ._acknowledged_export import AcknowledgedLogExporter, Refusal
-from ._spool import Spool
+from ._journal import Journal
+from ._otlp import RequestEnvelope
+from ._records import Record
 
 logger = logging.getLogger(__name__)
 
-_KEPT_REFUSALS = 1024
-"""Refusals kept for `pop_refusal`; only refused records land here, so this is rarely reached."""
 _MAX_BATCH_BYTES = 2 << 20
 """Requests stay well under gRPC's default 4 MiB message cap."""
-_DRAIN_BACKOFF = (0.05, 5.0)
+_RETRY_BACKOFF = (0.05, 5.0)
 
 
 class Delivery(enum.Enum):
-    """How the records up to a barrier were answered."""
+    """How the records up to a point were answered."""
 
     ACKNOWLEDGED = "acknowledged"
     """The recorder committed them (to its write-ahead log)."""
-    SPOOLED = "spooled"
-    """The recorder was unreachable; they are in the local spool and will be re-sent."""
+    JOURNALED = "journaled"
+    """They are in this process's journal on disk; the recorder gets them when it can."""
     DROPPED = "dropped"
-    """Unreachable and the spool was full: lost, counted and logged."""
+    """The journal was full or its disk refused them: lost, counted and logged."""
 
 
-class OrderedDeliveryProcessor(LogRecordProcessor):
-    """Sends records in emit order, in batches, and answers barriers once their records are answered."""
+@dataclass
+class _Frame:
+    """One of this process's journal frames not yet acknowledged: where it ends, its records, and the
+    emit count it brings the journal to.
+
+    The records are held weakly: their bytes are in the journal, and a backlog of frames while the
+    recorder is unreachable must grow the disk, not this process's memory. A refusal can only
+    matter to a caller that still holds the record it waits on.
+    """
+
+    end: int
+    records: list[weakref.ref[Record]]
+    names: list[str]
+    through: int
+
+
+class OrderedDeliveryProcessor:
+    """Journals records in emit order, sends the journal in order, answers barriers once their records are."""
 
     def __init__(
         self,
         exporter: AcknowledgedLogExporter,
-        spool: Spool,
+        journal: Journal,
+        envelope: RequestEnvelope,
         *,
         max_batch: int = 512,
         linger_seconds: float = 0.05,
     ) -> None:
         self._exporter = exporter
-        self._spool = spool
+        self._journal = journal
+        self._envelope = envelope
         self._max_batch = max_batch
         self._linger = linger_seconds
         self._cond = threading.Condition()
-        self._pending: deque[ReadWriteLogRecord] = deque()
+        self._pending: list[Record] = []
+        self._pending_bytes = 0
+        self._pending_since = 0.0
         self._emitted = 0
+        self._journaled = 0
         self._answered = 0
+        self._frames: deque[_Frame] = deque()
         self._waiters: list[tuple[int, Future[Delivery]]] = []
-        self._refusals: OrderedDict[int, Refusal] = OrderedDict()
+        self._refusals: weakref.WeakKeyDictionary[Record, Refusal] = weakref.WeakKeyDictionary()
+        self._refused_snapshots = 0
         self._last_delivery = Delivery.ACKNOWLEDGED
-        self._drain_after = 0.0
-        self._drain_backoff = _DRAIN_BACKOFF[0]
-        self._drain_failures = 0
+        self._retry_after = 0.0
+        self._backoff = _RETRY_BACKOFF[0]
+        self._failures = 0
         self._closed = False
         self._thread = threading.Thread(target=self._deliver_forever, name="steprec-delivery", daemon=True)
         self._thread.start()
 
     @property
     def dropped_requests(self) -> int:
-        return self._spool.dropped
+        return self._journal.dropped
 
-    def on_emit(self, log_record: ReadWriteLogRecord) -> None:
+    @property
+    def snapshot_resets(self) -> int:
+        """Requests dropped plus snapshots refused, so far. When it moves, a run's last snapshot may not
+        be stored, so its next one must not be a delta on it (the capability sends that one whole)."""
+        return self._journal.dropped + self._refused_snapshots
+
+    @property
+    def journal_directory(self) -> Path:
+        return self._journal.directory
+
+    def emit(self, record: Record) -> None:
         with self._cond:
             if self._closed:
-                logger.warning(
-                    "steprec: record emitted after shutdown was dropped: %s", log_record.log_record.event_name
-                )
+                logger.warning("steprec: record emitted after shutdown was dropped: %s", record.event_name)
                 return
-            self._pending.append(log_record)
+            if not self._pending:
+                self._pending_since = time.monotonic()
+            self._pending.append(record)
+            self._pending_bytes += len(record.data)
             self._emitted += 1
-            if len(self._pending) >= self._max_batch:
+            if len(self._pending) >= self._max_batch or self._pending_bytes >= _MAX_BATCH_BYTES:
+                self._journal_pending()
                 self._cond.notify()
 
-    def barrier(self) -> Future[Delivery]:
-        """A future that resolves once every record emitted so far was answered.
+    def journal(self) -> Delivery:
+        """Put every record emitted so far into the journal (one `write()`) and return: the records are
+        then as durable as the disk, whatever happens to this process."""
+        with self._cond:
+            delivery = self._journal_pending()
+            self._cond.notify()
+            return delivery
 
-        Its value says how the newest of them was answered (the batch that
-        answers a barrier always holds the record emitted last before it);
-        refusals of single records are read with `pop_refusal`.
-        """
+    def barrier(self) -> Future[Delivery]:
+        """A future that resolves once every record emitted so far was answered (acknowledged, or
+        journaled while the recorder is unreachable). Refusals of single records: `pop_refusal`."""
         future: Future[Delivery] = Future()
         with self._cond:
             if self._answered >= self._emitted:
                 future.set_result(self._last_delivery)
             else:
                 self._waiters.append((self._emitted, future))
+                self._journal_pending()
                 self._cond.notify()
         return future
 
-    def pop_refusal(self, record: object) -> Refusal | None:
-        """The recorder's refusal of `record` (the LogRecord passed to `Logger.emit`), if it refused it."""
+    def pop_refusal(self, record: Record) -> Refusal | None:
+        """The recorder's refusal of `record`, if it refused it."""
         with self._cond:
-            return self._refusals.pop(id(record), None)
+            return self._refusals.pop(record, None)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Answer everything emitted, then try once more to drain the spool; True if nothing is left over.
+        """Answer everything emitted, then try once more to send the journal; True if nothing is left over.
 
-        Records still spooled afterwards are safe on disk: a recorder that is
-        down is not waited for, a later process re-sends them.
+        Frames still journaled afterwards are safe on disk: a recorder that is down is not waited
+        for; it, a later process or `steprec journal push` delivers them.
         """
         deadline = time.monotonic() + timeout_millis / 1000
         try:
@@ -127,12 +168,12 @@ class OrderedDeliveryProcessor(LogRecordProcessor):
         except TimeoutError:
             return False
         with self._cond:
-            failures = self._drain_failures
-            self._drain_after = 0.0
+            failures = self._failures
+            self._retry_after = 0.0
             self._cond.notify()
-            while self._spool and self._drain_failures == failures and time.monotonic() < deadline:
+            while self._journal and self._failures == failures and time.monotonic() < deadline:
                 self._cond.wait(min(0.05, max(deadline - time.monotonic(), 0)))
-            return not self._spool
+            return not self._journal
 
     def shutdown(self) -> None:
         self.force_flush(10_000)
@@ -141,121 +182,114 @@ class OrderedDeliveryProcessor(LogRecordProcessor):
             self._cond.notify()
         self._thread.join(timeout=5)
         self._exporter.shutdown()
-        self._spool.close()
+        self._journal.close()
+
+    # -- under the lock ------------------------------------------------------------------------
+
+    def _journal_pending(self) -> Delivery:
+        """Journal the pending records as one request; how the newest record emitted stands now."""
+        if not self._pending:
+            return Delivery.JOURNALED if self._journaled > self._answered else self._last_delivery
+        records, self._pending, self._pending_bytes = self._pending, [], 0
+        through = self._journaled + len(records)
+        self._journaled = through
+        end = self._journal.append(self._envelope.request([record.data for record in records]))
+        if end is not None:
+            refs, names = [weakref.ref(record) for record in records], [record.event_name for record in records]
+            self._frames.append(_Frame(end, refs, names, through))
+            if self._failures and time.monotonic() < self._retry_after:
+                self._settle(through, Delivery.JOURNALED)  # unreachable: nobody waits for it
+            return Delivery.JOURNALED
+        self._settle(through, Delivery.DROPPED)
+        return Delivery.DROPPED
+
+    def _settle(self, through: int, delivery: Delivery) -> None:
+        if through <= self._answered:
+            return
+        self._answered = through
+        self._last_delivery = delivery
+        still_waiting = []
+        for target, future in self._waiters:
+            if target <= through:
+                future.set_result(delivery)
+            else:
+                still_waiting.append((target, future))
+        self._waiters = still_waiting
+        self._cond.notify_all()
+
+    def _keep_refusals(self, frames: list[_Frame], refusals: tuple[Refusal, ...]) -> None:
+        records = [ref for frame in frames for ref in frame.records]
+        names = [name for frame in frames for name in frame.names]
+        for refusal in refusals:
+            known = 0 <= refusal.index < len(records)
+            if known and names[refusal.index] == wire.SNAPSHOT:
+                self._refused_snapshots += 1
+            record = records[refusal.index]() if known else None
+            if record is None:  # adopted from another process, or nobody holds it any more
+                logger.warning("steprec: recorder refused a journaled record: %s", refusal.reason)
+                continue
+            logger.warning("steprec: recorder refused %s: %s", record.event_name, refusal.reason)
+            self._refusals[record] = refusal
 
     # -- the delivery thread -------------------------------------------------------------------
 
-    def _next_batch(self) -> list[ReadWriteLogRecord] | None:
-        """Wait for a batch worth sending (a barrier waits, the batch is full, it lingered) or a drain turn.
-
-        Returns an empty list when only the spool needs attention, None at shutdown.
-        """
+    def _wait_for_work(self) -> bool:
+        """Sleep until the journal has frames to send (journaling lingering records first); False at shutdown."""
         with self._cond:
-            deadline: float | None = None
             while True:
                 now = time.monotonic()
-                if self._pending and (self._waiters or len(self._pending) >= self._max_batch or self._closed):
-                    break
-                if self._spool and now >= self._drain_after and not self._closed:
-                    return []
+                if self._pending and (self._waiters or self._closed or now - self._pending_since >= self._linger):
+                    self._journal_pending()
+                if self._journal and (now >= self._retry_after or self._closed):
+                    return True
+                if self._closed:
+                    return False
+                timeouts = []
                 if self._pending:
-                    deadline = deadline or now + self._linger
-                    if now >= deadline:
-                        break
-                    self._cond.wait(deadline - now)
-                elif self._closed:
-                    return None
-                else:
-                    self._cond.wait(max(self._drain_after - now, 0.01) if self._spool else None)
-            batch, size = [], 0
-            while self._pending and len(batch) < self._max_batch:
-                body = self._pending[0].log_record.body
-                size += _rough_size(body)
-                if batch and size > _MAX_BATCH_BYTES:
-                    break
-                batch.append(self._pending.popleft())
-            return batch
+                    timeouts.append(self._pending_since + self._linger - now)
+                if self._journal:
+                    timeouts.append(self._retry_after - now)
+                self._cond.wait(max(min(timeouts), 0.001) if timeouts else None)
 
     def _deliver_forever(self) -> None:
-        while (batch := self._next_batch()) is not None:
+        while self._wait_for_work():
             try:
-                if batch:
-                    self._deliver(batch)
-                self._drain_spool()
+                self._send_journal()
             except Exception:  # the delivery thread must survive anything
                 logger.exception("steprec: delivery failed unexpectedly")
+                time.sleep(0.05)
 
-    def _deliver(self, batch: list[ReadWriteLogRecord]) -> None:
-        request = encode_logs(batch)
-        if not self._spool:
-            outcome = self._exporter.send(request)
-            if outcome.delivered:
-                self._settle(batch, Delivery.ACKNOWLEDGED, outcome.refusals)
-                return
-            logger.warning(
-                "steprec: the recorder did not take the request (unreachable or refusing); spooling records to %s",
-                self._spool.directory,
-            )
-        spooled = self._spool.append(request.SerializeToString())
-        self._settle(batch, Delivery.SPOOLED if spooled else Delivery.DROPPED, ())
-
-    def _drain_spool(self) -> None:
-        """Re-send spooled requests in order, many per Export, until one fails (then back off).
-
-        It stops early for a hook waiting on a barrier: that hook's records go to the spool behind
-        these (order is kept) and its barrier is answered, so catching up after an outage holds an
-        agent up by one Export at most, not by the whole spool.
-        """
-        while (head := self._spool.peek(_MAX_BATCH_BYTES)) is not None:
-            if time.monotonic() < self._drain_after:
-                return
-            end, payloads = head
-            # Serialised requests concatenate into one request holding all their records, in order.
-            outcome = self._exporter.send(ExportLogsServiceRequest.FromString(b"".join(payloads)))
-            if not outcome.delivered:
-                self._drain_after = time.monotonic() + self._drain_backoff
-                self._drain_backoff = min(self._drain_backoff * 2, _DRAIN_BACKOFF[1])
-                with self._cond:
-                    self._drain_failures += 1
-                    self._cond.notify_all()
-                return
-            for refusal in outcome.refusals:
-                logger.warning("steprec: recorder refused a spooled record: %s", refusal.reason)
-            self._spool.acknowledge(end)
-            self._drain_backoff = _DRAIN_BACKOFF[0]
+    def _send_journal(self) -> None:
+        """Send journaled requests in order, up to 2 MiB per Export, until none is left or one fails."""
+        while True:
             with self._cond:
-                self._cond.notify_all()
-                if self._waiters:
+                head = self._journal.peek(_MAX_BATCH_BYTES)
+                if head is None:
                     return
-        logger.debug("steprec: spool drained")
-
-    def _settle(self, batch: list[ReadWriteLogRecord], delivery: Delivery, refusals: tuple[Refusal, ...]) -> None:
-        with self._cond:
-            for refusal in refusals:
-                if 0 <= refusal.index < len(batch):
-                    record = batch[refusal.index].log_record
-                    logger.warning("steprec: recorder refused %s: %s", record.event_name, refusal.reason)
-                    self._refusals[id(record)] = refusal
-                    while len(self._refusals) > _KEPT_REFUSALS:
-                        self._refusals.popitem(last=False)
-            self._answered += len(batch)
-            self._last_delivery = delivery
-            still_waiting = []
-            for target, future in self._waiters:
-                if target <= self._answered:
-                    future.set_result(delivery)
-                else:
-                    still_waiting.append((target, future))
-            self._waiters = still_waiting
-            self._cond.notify_all()
-
-
-def _rough_size(body: object) -> int:
-    """Bytes a record's body adds to a request, near enough to keep requests under the cap."""
-    if isinstance(body, dict):
-        return 64 + sum(_rough_size(v) for v in body.values())
-    if isinstance(body, (list, tuple)):
-        return sum(_rough_size(v) for v in body)
-    if isinstance(body, (str, bytes)):
-        return len(body) + 8
-    return 16
+            end, payloads, own = head
+            # Serialised requests concatenate into one request holding all their records, in order.
+            outcome = self._exporter.send(b"".join(payloads))
+            with self._cond:
+                if not outcome.delivered:
+                    if not self._failures:
+                        logger.warning(
+                            "steprec: the recorder did not take the request (unreachable or refusing); records "
+                            "stay in the journal %s and are re-sent",
+                            self._journal.directory,
+                        )
+                    self._failures += 1
+                    self._retry_after = time.monotonic() + self._backoff
+                    self._backoff = min(self._backoff * 2, _RETRY_BACKOFF[1])
+                    self._settle(self._journaled, Delivery.JOURNALED)
+                    return
+                if self._failures:
+                    logger.info("steprec: the recorder takes requests again; re-sending the journal")
+                self._failures, self._backoff = 0, _RETRY_BACKOFF[0]
+                sent: list[_Frame] = []
+                through = self._answered
+                while own and self._frames and self._frames[0].end <= end:
+                    sent.append(self._frames.popleft())
+                    through = sent[-1].through
+                self._keep_refusals(sent, outcome.refusals)
+                self._journal.acknowledge(end)
+                self._settle(through, Delivery.ACKNOWLEDGED)

@@ -9,10 +9,11 @@ from pydantic_ai import CapabilityEvent
 
 @dataclass(kw_only=True)
 class SnapshotSaved(CapabilityEvent, namespace="steprec", name="snapshot_saved"):
-    """A snapshot was acknowledged by the recorder, or spooled while it was unreachable.
+    """A snapshot was made durable: journaled on disk, or acknowledged by the recorder.
 
-    `delivery` is `acknowledged`, `spooled` or `dropped` (spool full). The
-    recorder, not this notification, is the source of truth.
+    `delivery` is `journaled` (in this process's journal on disk), `acknowledged` (by the
+    recorder) or `dropped` (journal full). The recorder, not this notification, is the source
+    of truth.
     """
 
     run_id: str

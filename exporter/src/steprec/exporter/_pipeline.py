@@ -1,30 +1,28 @@
-"""One OpenTelemetry logs pipeline per recorder endpoint, shared by every StepRecorder in the process.
+"""One logs pipeline per recorder endpoint and journal, shared by every StepRecorder in the process.
 
-Sharing keeps one connection and one emit order for an orchestrator and its
-delegates, and gives interpreter exit a single place to deliver what is pending.
-The pipeline is private to steprec: it never touches the global LoggerProvider,
-so an application's own logging setup neither receives nor reroutes steps.
+Sharing keeps one connection, one journal segment and one emit order for an
+orchestrator and its delegates, and gives interpreter exit a single place to
+deliver what is pending. The pipeline is private to steprec: it never touches
+the global LoggerProvider, so an application's own logging setup neither
+receives nor reroutes steps. Records are encoded by `_records` straight to
+OTLP bytes and sent by the stock OTLP gRPC exporter (`_acknowledged_export`).
 """
 
 from __future__ import annotations
 
 import atexit
-import os
-import re
 import threading
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from opentelemetry._logs import Logger
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk.resources import Resource
 from steprec.proto import wire
 from steprec.proto.tls import ClientTLS
 
 from ._acknowledged_export import AcknowledgedLogExporter
 from ._delivery import OrderedDeliveryProcessor
-from ._spool import Spool
+from ._journal import Journal
+from ._otlp import RequestEnvelope
 
 try:
     EXPORTER_VERSION = version("steprec-exporter")
@@ -34,41 +32,25 @@ except PackageNotFoundError:  # running from a source tree without installing
 _SHUTDOWN_TIMEOUT_MILLIS = 10_000
 
 
-def default_spool_dir(endpoint: str) -> Path:
-    """`$STEPREC_SPOOL_DIR`, else `$XDG_STATE_HOME/steprec/spool/<endpoint>` (~/.local/state by default)."""
-    if configured := os.environ.get("STEPREC_SPOOL_DIR"):
-        return Path(configured)
-    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return state / "steprec" / "spool" / re.sub(r"[^A-Za-z0-9_.-]", "_", endpoint)
-
-
 @dataclass(frozen=True)
 class DeliveryOptions:
     """Everything that makes two StepRecorders need different pipelines."""
 
     endpoint: str
     timeout_seconds: float
-    spool_dir: Path
-    spool_max_bytes: int
+    journal_dir: Path
+    journal_max_bytes: int
+    journal_fsync: bool = False
     token: str | None = field(default=None, repr=False)
     tls: ClientTLS = ClientTLS()
 
 
-@dataclass(frozen=True)
-class RecorderPipeline:
-    """The LoggerProvider, its delivery processor and the logger StepRecorder emits through."""
-
-    provider: LoggerProvider
-    delivery: OrderedDeliveryProcessor
-    logger: Logger
-
-
 _lock = threading.Lock()
-_pipelines: dict[DeliveryOptions, RecorderPipeline] = {}
+_pipelines: dict[DeliveryOptions, OrderedDeliveryProcessor] = {}
 
 
-def pipeline_for(options: DeliveryOptions) -> RecorderPipeline:
-    """The shared pipeline for these options, created on first use (adopting orphaned spool segments)."""
+def pipeline_for(options: DeliveryOptions) -> OrderedDeliveryProcessor:
+    """The shared pipeline for these options, created on first use (adopting dead processes' journal segments)."""
     with _lock:
         if (pipeline := _pipelines.get(options)) is None:
             secure = options.endpoint.startswith("https://") or options.tls.configured
@@ -79,14 +61,13 @@ def pipeline_for(options: DeliveryOptions) -> RecorderPipeline:
                 timeout=options.timeout_seconds,
                 headers={"authorization": f"Bearer {options.token}"} if options.token else None,
             )
-            spool = Spool(options.spool_dir, max_bytes=options.spool_max_bytes)
-            delivery = OrderedDeliveryProcessor(exporter, spool)
-            provider = LoggerProvider(
-                resource=Resource.create({"steprec.exporter.version": EXPORTER_VERSION}),
-                shutdown_on_exit=False,
+            journal = Journal(options.journal_dir, max_bytes=options.journal_max_bytes, fsync=options.journal_fsync)
+            envelope = RequestEnvelope(
+                {"service.name": "steprec", "steprec.exporter.version": EXPORTER_VERSION},
+                wire.SCOPE_NAME,
+                EXPORTER_VERSION,
             )
-            provider.add_log_record_processor(delivery)
-            pipeline = RecorderPipeline(provider, delivery, provider.get_logger(wire.SCOPE_NAME, EXPORTER_VERSION))
+            pipeline = OrderedDeliveryProcessor(exporter, journal, envelope)
             _pipelines[options] = pipeline
         return pipeline
 
@@ -97,8 +78,8 @@ def shutdown_pipelines() -> None:
         pipelines = list(_pipelines.values())
         _pipelines.clear()
     for pipeline in pipelines:
-        pipeline.provider.force_flush(_SHUTDOWN_TIMEOUT_MILLIS)
-        pipeline.provider.shutdown()
+        pipeline.force_flush(_SHUTDOWN_TIMEOUT_MILLIS)
+        pipeline.shutdown()
 
 
 atexit.register(shutdown_pipelines)

@@ -2,7 +2,7 @@
 
 `StepPersistence(store=RecorderStepStore(...))` writes the same OTLP records a
 `StepRecorder` sends (docs/wire-format.md), through the same acknowledged,
-spooling delivery pipeline, and reads them back through `RecorderClient`. Needs
+journaling delivery pipeline, and reads them back through `RecorderClient`. Needs
 the `harness` extra; docs/harness-store.md says what maps to what.
 """
 
@@ -20,15 +20,16 @@ from types import TracebackType
 from typing import TypeVar
 
 try:
-    from opentelemetry._logs import LogRecord
     from pydantic_ai_harness.step_persistence import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
     from steprec.exporter import StepRecorder, _records
     from steprec.exporter._acknowledged_export import Refusal
     from steprec.exporter._capability import _RESEND_WHOLE, DEFAULT_ENDPOINT, _check_endpoint
     from steprec.exporter._delivery import Delivery
     from steprec.exporter._identity import check_run_id
-    from steprec.exporter._pipeline import DeliveryOptions, default_spool_dir, pipeline_for
+    from steprec.exporter._pipeline import DeliveryOptions, pipeline_for
+    from steprec.exporter._records import Record
     from steprec.exporter._snapshots import SnapshotEncoder
+    from steprec.proto.journal import default_journal_dir
 except ModuleNotFoundError as missing:
     raise ImportError(
         f"steprec.query.RecorderStepStore needs {missing.name}; install it with: pip install 'steprec-query[harness]'"
@@ -126,7 +127,7 @@ class RecorderStepStore:
     ```
 
     Every write returns once the recorder acknowledged it (or, with the recorder
-    unreachable, once it is in the local spool, as for `StepRecorder`); a
+    unreachable, once it is in the local journal, as for `StepRecorder`); a
     refused write raises `ValueError` with the recorder's reason. Reads go
     through `RecorderClient` and return the harness's own record types.
     """
@@ -157,8 +158,8 @@ class RecorderStepStore:
         self._delivery = DeliveryOptions(
             endpoint=self.endpoint,
             timeout_seconds=self.timeout_seconds,
-            spool_dir=default_spool_dir(self.endpoint),
-            spool_max_bytes=StepRecorder.spool_max_bytes,
+            journal_dir=default_journal_dir(self.endpoint),
+            journal_max_bytes=StepRecorder.journal_max_bytes,
             token=self._token,
             tls=ClientTLS(*self._tls_files),
         )
@@ -194,7 +195,7 @@ class RecorderStepStore:
             self._client_loop = loop
         return self._client
 
-    async def _send(self, *records: LogRecord) -> Refusal | None:
+    async def _send(self, *records: Record) -> Refusal | None:
         """Emit `records` in order and wait for the recorder's answer; the first refusal among them, if any.
 
         The pipeline is looked up per write, like StepRecorder does per run, so a store outlives
@@ -202,16 +203,16 @@ class RecorderStepStore:
         """
         pipeline = pipeline_for(self._delivery)
         for record in records:
-            pipeline.logger.emit(record)
-        delivery = await asyncio.wrap_future(pipeline.delivery.barrier())
-        refusals = [pipeline.delivery.pop_refusal(record) for record in records]
+            pipeline.emit(record)
+        delivery = await asyncio.wrap_future(pipeline.barrier())
+        refusals = [pipeline.pop_refusal(record) for record in records]
         if delivery is Delivery.DROPPED:
             raise RecorderUnavailable(
-                f"recorder at {self.endpoint} is unreachable and the spool is full; the write was dropped"
+                f"recorder at {self.endpoint} is unreachable and the journal is full; the write was dropped"
             )
         return next((refusal for refusal in refusals if refusal is not None), None)
 
-    async def _write(self, record: LogRecord) -> None:
+    async def _write(self, record: Record) -> None:
         if (refusal := await self._send(record)) is not None:
             raise ValueError(f"the recorder refused {record.event_name} [{refusal.code}]: {refusal.reason}")
 
