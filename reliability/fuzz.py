@@ -7,7 +7,8 @@ the run goes on instead of stopping at the first one. Each category runs in roun
 its budget of inputs is spent.
 
 An input is one generated OTLP log record, one whole hostile Export payload (random bytes, deep
-nesting, invalid UTF-8, cut or padded requests), or one query call. Drawing a record with hypothesis
+nesting, invalid UTF-8, cut or padded requests), one frame, tail, flipped byte or `.pos` text of a
+journal segment planted in a folder the recorder adopts, or one query call. Drawing a record with hypothesis
 takes milliseconds, so each drawn record is followed by up to 9 cheap mutants of it (`mutate`), and
 a request carries up to a few hundred, with a good record after every 8. Query strategies draw a
 list of calls per example (one run id sent to every read by run id, one byte string to every
@@ -84,7 +85,9 @@ class Target:
 
         from tests.test_hostile_ingest import GoodRecords
 
-        self.recorder = RecorderProcess(folder / "recorder").start()
+        self.journal = folder / "journal"
+        self.journal.mkdir(mode=0o700)
+        self.recorder = RecorderProcess(folder / "recorder", extra_args=("--adopt-journals", str(self.journal))).start()
         self.channel = self._channel()
         self.good = GoodRecords()
         self.crashes = 0
@@ -127,6 +130,13 @@ def _payload(target: Target, payload: bytes) -> list[tuple[int, object, object]]
     return [(1, export(target.channel, payload)[0], payload)]
 
 
+def _segments(target: Target, segments: list) -> list[tuple[int, object, object]]:
+    from tests.test_hostile_ingest import adopt_segments
+
+    return [(sum(segment.inputs() for segment in segments), adopt_segments(target.journal, segments, target.good),
+             segments)]  # fmt: skip
+
+
 def _queries(target: Target, calls: list) -> list[tuple[int, object, object]]:
     from tests.test_hostile_queries import invoke
 
@@ -134,7 +144,9 @@ def _queries(target: Target, calls: list) -> list[tuple[int, object, object]]:
 
 
 def categories(quick: bool) -> list[Category]:
-    """The categories and their budgets (102,000 inputs in all at report size, 2,040 quick)."""
+    """The categories and their budgets (105,000 inputs in all at report size, 2,100 quick)."""
+    from hypothesis import strategies as st
+
     from tests import test_hostile_ingest as ingest
     from tests import test_hostile_queries as queries
 
@@ -145,6 +157,9 @@ def categories(quick: bool) -> list[Category]:
                  " series", ingest.hostile_batches(20, mutants=MUTANTS), _records, 50_000 // scale),
         Category("OTLP payloads", "random bytes, AnyValue nested up to 3,000 deep, invalid UTF-8, valid requests"
                  " cut short or padded", ingest.raw_requests, _payload, 5_000 // scale),
+        Category("journal segments", "segments planted in a folder the recorder adopts: frames of hostile records"
+                 " or unreadable requests after a good one, torn and random tails, a flipped byte, any .pos text",
+                 st.lists(ingest.hostile_segments, min_size=1, max_size=8), _segments, 3_000 // scale),
         Category("query RPCs", "every RecorderQuery method, each request field generated",
                  queries.query_calls, _queries, 15_000 // scale),
         Category("run ids", "every read by run id; answers checked against the id's shape",
@@ -377,7 +392,9 @@ def main(quick: bool) -> str:
         f"{inputs:,} generated inputs against one recorder process (`steprec serve`, gRPC on 127.0.0.1), in"
         f" {seconds:,.0f} s. An input is one generated OTLP log record (each record hypothesis draws is followed"
         f" by up to {MUTANTS} mutants of it; a request holds up to a few hundred, a good record after every 8),"
-        " one whole hostile Export payload, or one query call. Generators and checks:"
+        " one whole hostile Export payload, one part of a journal segment planted in a folder the recorder adopts"
+        " (a frame, a tail, a flipped byte, a `.pos` text; each segment starts with a good record), or one query"
+        " call. Generators and checks:"
         " tests/test_hostile_ingest.py and tests/test_hostile_queries.py (hypothesis), run at this size by"
         " `reliability/fuzz.py`. SQL that could build a huge value in one function call (which DuckDB neither"
         " interrupts nor counts against its memory limit) is refused before it runs (recorder/sql_sizes.py,"

@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import random
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 from steprec.proto import wire
+from steprec.proto.framing import encode_frame, read_frames
 from steprec.query import SyncRecorderClient
 from steprec.recorder.media import LITERAL, MARKER, URI_PREFIX
 from steprec.recorder.process import RecorderProcess
@@ -541,6 +543,62 @@ def is_serving(endpoint: str) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+# -- journal segments: what a recorder adopting a folder reads from disk -----------------------------------------
+
+
+@dataclass(frozen=True)
+class HostileSegment:
+    """A journal segment a stranger planted: frames of hostile or unreadable requests after one good frame, bytes
+    after the last frame, a byte flipped somewhere after the good frame, and any `.pos` text."""
+
+    frames: list[bytes]
+    tail: bytes
+    flip: int | None
+    position: str | None
+
+    def inputs(self) -> int:
+        return len(self.frames) + bool(self.tail) + (self.flip is not None) + (self.position is not None)
+
+
+hostile_segments = st.builds(
+    HostileSegment,
+    st.lists(st.one_of(hostile_batches(4).map(lambda records: request_bytes(*records)), raw_requests), max_size=5),
+    st.one_of(st.just(b""), st.binary(min_size=1, max_size=64), raw_requests.map(lambda r: encode_frame(9, r)[:-1])),
+    st.none() | st.integers(0, 1 << 20),
+    st.none() | st.text(max_size=12) | st.integers(-5, 1 << 40).map(str),
+)
+
+
+def adopt_segments(folder: Path, segments: list[HostileSegment], good: GoodRecords) -> Answer:
+    """Plant `segments` in a folder the recorder adopts, each starting with a frame of one good record, and wait
+    until the recorder took every one (adopted, or set aside in rejected/). A segment still there after the
+    deadline is a hang; one set aside whose good frame was not stored shows when `good` is read back."""
+    planted = []
+    for segment in segments:
+        good_frame = encode_frame(0, request_bytes(good.make()))
+        data = bytearray(good_frame + b"".join(encode_frame(n, f) for n, f in enumerate(segment.frames, 1)))
+        data += segment.tail
+        if segment.flip is not None and len(data) > len(good_frame):
+            data[len(good_frame) + segment.flip % (len(data) - len(good_frame))] ^= 0xFF
+        path = folder / f"journal-0-{uuid.uuid4().hex}.log"
+        if segment.position is not None:
+            path.with_suffix(".pos").write_text(segment.position)
+        scratch = path.with_suffix(".planting")  # whole before the recorder sees it, as an agent's locked one is
+        scratch.write_bytes(data)
+        if segment.position in {str(end) for _, end, _ in read_frames(scratch)}:
+            good.run_ids.pop()  # the .pos says the good frame was acknowledged already: it is not sent again
+        scratch.rename(path)
+        planted.append(path)
+    deadline = time.monotonic() + DEADLINE
+    while any(path.exists() for path in planted):
+        if time.monotonic() > deadline:
+            return Answer("HANG", problem=f"segments not adopted within {DEADLINE:g} s")
+        time.sleep(0.05)
+    rejected = folder / "rejected"
+    aside = sum((rejected / path.name).exists() for path in planted)
+    return Answer("OK", Counter({"set aside": aside, "adopted": len(planted) - aside}))
+
+
 # -- the fast tests ---------------------------------------------------------------------------------------------
 
 
@@ -559,6 +617,34 @@ def hostile_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[R
 
 FAST = settings(max_examples=100, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def adopting_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RecorderProcess, Path]]:
+    """One recorder adopting one journal folder, for every generated segment of a module."""
+    folder = Path(tmp_path_factory.mktemp("adopting"))
+    journal = folder / "journal"
+    journal.mkdir(mode=0o700)
+    recorder = RecorderProcess(folder / "recorder", extra_args=("--adopt-journals", str(journal))).start()
+    try:
+        yield recorder, journal
+        assert recorder.process.poll() is None and is_serving(recorder.endpoint)
+        assert "Traceback" not in recorder.log_path.read_text(errors="replace")
+    finally:
+        recorder.stop()
+
+
+@settings(FAST, max_examples=15)
+@given(segments=st.lists(hostile_segments, min_size=1, max_size=4))
+def test_planted_journal_segments_are_adopted_or_set_aside_and_their_good_frames_stored(
+    adopting_target, segments: list[HostileSegment]
+) -> None:
+    recorder, folder = adopting_target
+    good = GoodRecords()
+    answer = adopt_segments(folder, segments, good)
+    assert answer.problem is None, answer
+    assert good.stored(recorder.endpoint) == len(good.run_ids)
+    assert recorder.process.poll() is None
 
 
 @FAST

@@ -29,6 +29,16 @@ def test_precedence_is_flag_then_environment_then_config_then_default(tmp_path: 
     assert _resolve([])["listen"] == "127.0.0.1:4317" and _resolve([])["data"] == Path("steprec-data")
 
 
+def test_journal_folders_to_adopt_come_from_repeated_flags_the_environment_or_a_config_list(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _resolve(["--adopt-journals", str(a), "--adopt-journals", str(b)])["adopt_journals"] == (a, b)
+    assert _resolve([], {"STEPREC_ADOPT_JOURNALS": f"{a}{os.pathsep}{b}"})["adopt_journals"] == (a, b)
+    config = tmp_path / "steprec.toml"
+    config.write_text(f"adopt_journals = [{str(a)!r}, {str(b)!r}]\n")
+    assert _resolve(["--config", str(config)])["adopt_journals"] == (a, b)
+    assert _resolve([])["adopt_journals"] == ()
+
+
 @pytest.mark.parametrize(
     ("args", "environ", "config", "message"),
     [
@@ -39,6 +49,8 @@ def test_precedence_is_flag_then_environment_then_config_then_default(tmp_path: 
         ([], {}, "lsiten = '127.0.0.1:1'\n", "unknown setting(s) lsiten"),
         ([], {}, "listen = [", "not valid TOML"),
         (["--tls-cert", "/no/such/file"], {}, None, "--tls-cert: '/no/such/file' is not a readable file"),
+        (["--adopt-journals", "/etc/hostname"], {}, None, "--adopt-journals: '/etc/hostname' is not a folder"),
+        ([], {}, "adopt_journals = 5\n", "adopt_journals: 5 is not a folder or a list of folders"),
     ],
 )
 def test_bad_settings_name_their_source(tmp_path: Path, args, environ, config, message) -> None:

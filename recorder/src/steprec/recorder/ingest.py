@@ -15,7 +15,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 
-from .decode import decode_request
+from .decode import Refusal, decode_request
 from .store import DuckDBStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,32 @@ class LogsIngest:
         )
         return grpc.method_handlers_generic_handler(_SERVICE, {"Export": export})
 
+    def ingest(self, request: logs_service_pb2.ExportLogsServiceRequest) -> list[Refusal]:
+        """Validate and stage one request, logging and counting it; its refusals, in record order.
+
+        The one path for records from the wire and from adopted journals. Raises `StoreUnavailable`
+        (nothing of the request stored) when the store cannot write.
+        """
+        started = time.perf_counter()
+        records, refusals = decode_request(request)
+        try:
+            # Inline, not in a worker thread: ingest is sequential anyway and takes well under a
+            # millisecond, less than a thread hand-off costs; the slow part (DuckDB) is the applier's.
+            refused_in_store, suppressed = self._store.ingest(records)
+        except StoreUnavailable as error:
+            logger.warning("refused a request of %d records: %s", len(records), error)
+            raise
+        refusals = sorted(refusals + refused_in_store, key=lambda r: r.index)
+        self._store.metrics.observe_export(
+            received=len(records) + len(refusals) - len(refused_in_store),
+            rejected=[r.code for r in refusals],
+            suppressed=suppressed,
+            seconds=time.perf_counter() - started,
+        )
+        for refusal in refusals[:10]:
+            logger.warning("refused %s", refusal.line())
+        return refusals
+
     async def export(
         self, payload: bytes, context: grpc.aio.ServicerContext
     ) -> logs_service_pb2.ExportLogsServiceResponse:
@@ -51,29 +77,15 @@ class LogsIngest:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"the request is not an OTLP ExportLogsServiceRequest: {error}"
             )
-        started = time.perf_counter()
-        records, refusals = decode_request(request)
         try:
-            # Inline, not in a worker thread: ingest is sequential anyway and takes well under a
-            # millisecond, less than a thread hand-off costs; the slow part (DuckDB) is the applier's.
-            refused_in_store, suppressed = self._store.ingest(records)
+            refusals = self.ingest(request)
         except StoreUnavailable as error:
-            logger.warning("refused a request of %d records: %s", len(records), error)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{error}; nothing of this request was stored, retry")
         except Exception:
-            logger.exception("ingest of %d records failed; nothing of this request was stored", len(records))
+            logger.exception("ingest of a request failed; nothing of it was stored")
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the recorder could not commit this request; retry")
-        refusals = sorted(refusals + refused_in_store, key=lambda r: r.index)
-        self._store.metrics.observe_export(
-            received=len(records) + len(refusals) - len(refused_in_store),
-            rejected=[r.code for r in refusals],
-            suppressed=suppressed,
-            seconds=time.perf_counter() - started,
-        )
         response = logs_service_pb2.ExportLogsServiceResponse()
         if refusals:
-            for refusal in refusals[:10]:
-                logger.warning("refused %s", refusal.line())
             lines = [r.line() for r in refusals[:_MAX_REASON_LINES]]
             if len(refusals) > _MAX_REASON_LINES:
                 lines.append(f"... and {len(refusals) - _MAX_REASON_LINES} more")

@@ -18,6 +18,7 @@ from steprec.proto.query.v1 import query_pb2
 from .admin_service import RecorderAdmin
 from .auth import ReadableRequests, TokenAuth
 from .ingest import LogsIngest
+from .journal_adoption import JournalAdopter, loopback_folders
 from .media import DEFAULT_THRESHOLD, open_media_store
 from .message_cache import DEFAULT_CACHE_BYTES
 from .metrics import serve_metrics
@@ -59,6 +60,8 @@ class ServeOptions:
     """String parts of this many bytes or more are stored as media blobs (BinaryContent always is)."""
     metrics_listen: str | None = None
     """HOST:PORT for Prometheus metrics over HTTP (GET /metrics); off when unset."""
+    adopt_journals: tuple[Path, ...] = ()
+    """Journal folders whose dead agents' segments this recorder delivers (plus, on loopback, its default one)."""
 
     def credentials(self) -> grpc.ServerCredentials | None:
         if self.tls_cert is None and self.tls_key is None:
@@ -100,7 +103,8 @@ class Recorder:
         # The token first: a stranger without it learns nothing, not even whether their bytes parse.
         interceptors = [*([TokenAuth(options.token)] if options.token else []), ReadableRequests()]
         self._server = grpc.aio.server(interceptors=interceptors)
-        self._server.add_generic_rpc_handlers((LogsIngest(self.store).handler(),))
+        ingest = LogsIngest(self.store)
+        self._server.add_generic_rpc_handlers((ingest.handler(),))
         self._server.add_generic_rpc_handlers((RecorderQuery(self.store).handler(),))
         admin_pb2_grpc.add_RecorderAdminServicer_to_server(RecorderAdmin(self.store), self._server)
         self._health = health.aio.HealthServicer()
@@ -122,13 +126,17 @@ class Recorder:
             self.port = self._server.add_secure_port(options.listen, credentials)
         if self.port == 0:
             raise OSError(f"could not listen on {options.listen}")
+        host = options.listen.rsplit(":", 1)[0]
+        self.adopter = JournalAdopter(ingest, [*options.adopt_journals, *loopback_folders(host, self.port)])
 
     async def start(self) -> None:
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.adopter.start()
 
     async def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
         await self._health.enter_graceful_shutdown()
+        await self.adopter.stop()
         await self._server.stop(grace)
         self.store.close()
 
@@ -156,6 +164,8 @@ async def serve(options: ServeOptions) -> None:
         print(f"steprec metrics on http://{metrics_host}:{metrics_port}/metrics", flush=True)
     scheme = "https" if options.tls_cert else "http"
     print(f"steprec recorder listening on {scheme}://{host}:{recorder.port} (data: {options.data_dir})", flush=True)
+    if recorder.adopter.folders:
+        logger.info("adopting dead agents' journals in %s", ", ".join(map(str, recorder.adopter.folders)))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -41,6 +41,15 @@ def readable_file(value: str) -> Path:
     return path
 
 
+def journal_folders(value: str) -> tuple[Path, ...]:
+    """Folders separated by the path separator (`:`); each must be a folder if it exists (it may appear later)."""
+    folders = tuple(Path(part) for part in value.split(os.pathsep) if part)
+    for folder in folders:
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{str(folder)!r} is not a folder")
+    return folders
+
+
 def log_format(value: str) -> str:
     if value not in ("text", "json"):
         raise ValueError(f"{value!r} is not a log format (text or json)")
@@ -101,6 +110,9 @@ SETTINGS = (
     Setting("tls_cert", readable_file, None, "PEM certificate chain to serve TLS with (with --tls-key)"),
     Setting("tls_key", readable_file, None, "PEM private key of --tls-cert"),
     Setting("tls_client_ca", readable_file, None, "PEM CA that client certificates must be signed by: mutual TLS"),
+    Setting("adopt_journals", journal_folders, (), "deliver the journals that dead agent processes left in this "
+            "folder (repeatable; the environment and config file take several, separated by ':'); a recorder on "
+            "loopback also adopts its endpoint's default journal folder"),
     Setting("log_format", log_format, "text", "text for people, json for log pipelines (one object per line)"),
     Setting("metrics_listen", listen_address, None, "HOST:PORT to serve Prometheus metrics on (GET /metrics; "
             "needs the token too when one is set); none: off"),
@@ -115,6 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f"{setting.help} (env {setting.env}; default {shown})"
         if setting.parse is boolean:
             parser.add_argument(setting.flag, action="store_const", const=True, default=None, help=help_text)
+        elif setting.parse is journal_folders:
+            parser.add_argument(setting.flag, action="append", default=None, metavar="DIR", help=help_text)
         else:
             parser.add_argument(setting.flag, default=None, metavar=setting.name.upper(), help=help_text)
 
@@ -133,6 +147,11 @@ def resolve(options: argparse.Namespace, environ: dict[str, str] | None = None) 
         if raw is None:
             values[setting.name] = setting.default
             continue
+        if setting.parse is journal_folders:  # repeated flags, or a TOML list or string
+            folders = raw if isinstance(raw, list) else [raw]
+            if not all(isinstance(folder, str) for folder in folders):
+                raise ValueError(f"{source}: {raw!r} is not a folder or a list of folders")
+            raw = os.pathsep.join(folders)
         try:
             values[setting.name] = raw if isinstance(raw, bool) else setting.parse(str(raw))
         except ValueError as error:
