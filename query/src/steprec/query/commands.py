@@ -43,16 +43,22 @@ def _env_path(name: str) -> Path | None:
     return Path(os.environ[name]) if os.environ.get(name) else None
 
 
+def read_token(options: argparse.Namespace) -> str | None:
+    """The bearer token of the connection options (`--token-file`, else `STEPREC_TOKEN`); a bad file is exit 2."""
+    if options.token_file is None:
+        return os.environ.get("STEPREC_TOKEN") or None
+    try:
+        token = options.token_file.read_text().strip()
+    except OSError as error:
+        raise ValueError(f"cannot read --token-file {options.token_file}: {error.strerror}") from None
+    if not token:
+        raise ValueError(f"--token-file {options.token_file} is empty")
+    return token
+
+
 def open_client(options: argparse.Namespace, *, timeout_seconds: float = 10.0) -> RecorderClient:
     """A client configured by the connection options; a token file that cannot be read is a bad value (exit 2)."""
-    token = None
-    if options.token_file is not None:
-        try:
-            token = options.token_file.read_text().strip()
-        except OSError as error:
-            raise ValueError(f"cannot read --token-file {options.token_file}: {error.strerror}") from None
-        if not token:
-            raise ValueError(f"--token-file {options.token_file} is empty")
+    token = read_token(options) if options.token_file is not None else None
     for name in ("tls_ca", "tls_cert", "tls_key"):
         path = getattr(options, name)
         if path is not None and not path.is_file():
