@@ -7,8 +7,8 @@ returns), interleaved over the repeats:
 - `steprec`: StepRecorder in its default durable mode, its recorder up all along;
 - `outage`: StepRecorder pointed at a loopback port nothing listens on. As the run starts, a
   recorder begins starting on that port (in a thread), as after a crash and restart: the first
-  steps find no recorder and their records go to the disk spool; once it listens, the delivery
-  thread re-sends the spool while the agent goes on (catching up); after that, records are
+  steps find no recorder and their records go to the disk journal; once it listens, the delivery
+  thread re-sends the journal while the agent goes on (catching up); after that, records are
   acknowledged again.
 
 Each tool call stamps the time, so every step's duration is known (from one tool call to the
@@ -51,35 +51,35 @@ from benchmarks.common import (
 
 FULL = {"steps": 500, "repeats": 3}
 QUICK = {"steps": 250, "repeats": 2}
-PHASES = {"down": "recorder down, spooling", "catch-up": "recorder back, spool re-sent", "after": "caught up"}
+PHASES = {"down": "recorder down, journaling", "catch-up": "recorder back, journal re-sent", "after": "caught up"}
 POLL_SECONDS = 0.01
 NOISY_LOGGERS = ("opentelemetry.exporter", "steprec.exporter")
 """An export to a port nothing listens on is logged as an error per attempt; the outage is on purpose here."""
 
 
-def _spooled_bytes(spool: Path) -> int:
-    """Bytes in the spool's segment files; a segment is deleted once everything in it was delivered."""
+def _journaled_bytes(journal: Path) -> int:
+    """Bytes in the journal's segment files; a segment is deleted once everything in it was delivered."""
     total = 0
-    for path in spool.glob("spool-*.log"):
+    for path in journal.glob("journal-*.log"):
         with suppress(FileNotFoundError):  # delivered and deleted meanwhile
             total += path.stat().st_size
     return total
 
 
 class Outage:
-    """A recorder that starts listening on `endpoint` some time after `begin()`, and when the spool was re-sent.
+    """A recorder that starts listening on `endpoint` some time after `begin()`, and when the journal was re-sent.
 
-    A thread starts the recorder process, notes when it listens and how much was spooled by then, and
-    polls the spool folder until it is empty.
+    A thread starts the recorder process, notes when it listens and how much was journaled by then, and
+    polls the journal folder until it is empty.
     """
 
     def __init__(self, folder: Path) -> None:
         self.endpoint = f"127.0.0.1:{free_port()}"
-        self.spool = folder / "spool"
+        self.journal = folder / "journal"
         self.recorder = RecorderProcess(folder / "recorder", listen=self.endpoint)
         self.up_at: float | None = None
         self.drained_at: float | None = None
-        self.spooled_bytes = 0
+        self.journaled_bytes = 0
         self._watching = True
         self._thread = threading.Thread(target=self._restart, daemon=True)
 
@@ -90,8 +90,8 @@ class Outage:
     def _restart(self) -> None:
         self.recorder.start()
         self.up_at = time.perf_counter()
-        self.spooled_bytes = _spooled_bytes(self.spool)
-        while self._watching and _spooled_bytes(self.spool):
+        self.journaled_bytes = _journaled_bytes(self.journal)
+        while self._watching and _journaled_bytes(self.journal):
             time.sleep(POLL_SECONDS)
         if self._watching:
             self.drained_at = time.perf_counter()
@@ -137,21 +137,21 @@ async def _settled(run: Awaitable[Any], endpoint: str) -> Any:
 
 async def _outage_run(folder: Path, steps: int) -> dict[str, Any]:
     outage = Outage(folder)
-    recorder = StepRecorder(endpoint=outage.endpoint, spool_dir=outage.spool)
+    recorder = StepRecorder(endpoint=outage.endpoint, journal_dir=outage.journal)
     try:
         stamps, _ = await _stamped_run(steps, [recorder], on_step=lambda step: outage.begin())
         outage.stop_watching()
         assert outage.up_at is not None, "the recorder did not come up during the run"
         flushed = time.perf_counter()
-        shutdown_pipelines()  # answers what is pending and drains the rest of the spool
-        if outage.drained_at is None and not _spooled_bytes(outage.spool):
+        shutdown_pipelines()  # answers what is pending and drains the rest of the journal
+        if outage.drained_at is None and not _journaled_bytes(outage.journal):
             outage.drained_at = time.perf_counter()
         facts = {
             "stamps": stamps,
             "up_at": outage.up_at,
             "drained_at": outage.drained_at,
             "drained_after_run": outage.drained_at is not None and outage.drained_at >= flushed,
-            "spooled_bytes": outage.spooled_bytes,
+            "journaled_bytes": outage.journaled_bytes,
             "delivered": await _delivered(outage.endpoint, steps),
         }
     finally:
@@ -186,7 +186,7 @@ async def _measure(quick: bool, folder: Path) -> dict[str, Any]:
     with RecorderProcess(folder / "steady") as steady, _quiet():
 
         def recorded() -> list[Any]:
-            return [StepRecorder(endpoint=steady.endpoint, spool_dir=folder / "steady-spool")]
+            return [StepRecorder(endpoint=steady.endpoint, journal_dir=folder / "steady-journal")]
 
         variants = {
             "none": lambda r: _stamped_run(steps, []),
@@ -261,7 +261,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
         "down_seconds": Spread.of(o["up_at"] - o["stamps"][0] for o in outages),
         "drain_seconds": Spread.of(o["drained_at"] - o["up_at"] for o in outages if o["drained_at"] is not None),
         "drained_after_run": sum(o["drained_after_run"] for o in outages),
-        "spooled_bytes": Spread.of(o["spooled_bytes"] for o in outages),
+        "journaled_bytes": Spread.of(o["journaled_bytes"] for o in outages),
         "failures": [o["delivered"] for o in outages if o["delivered"]],
     }
 
@@ -293,10 +293,10 @@ def tables(data: dict[str, Any]) -> str:
     lines += [
         "",
         f"The recorder took {found['down_seconds'].text(2)} s from the run's first step to listening; by then the "
-        f"spool held {found['spooled_bytes'].text(0)} bytes. Re-sending it took {drain.text(2)} s from the moment "
+        f"journal held {found['journaled_bytes'].text(0)} bytes. Re-sending it took {drain.text(2)} s from the moment "
         "the recorder listened"
         + (
-            f" ({found['drained_after_run']} of {repeats} runs finished before the spool was empty; the flush after "
+            f" ({found['drained_after_run']} of {repeats} runs finished before the journal was empty; the flush after "
             "the run drained the rest)"
             if found["drained_after_run"]
             else ""

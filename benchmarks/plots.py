@@ -108,8 +108,8 @@ def fault_steps(data: dict[str, Any], folder: Path) -> str:
         return len(stamps) if moment is None else sum(1 for s in stamps if s < moment)
 
     up, drained = step_at(outage["up_at"]), step_at(outage["drained_at"])
-    axes.axvspan(0, up, color="tab:red", alpha=0.12, label="recorder down (spooling)")
-    axes.axvspan(up, drained, color="tab:orange", alpha=0.15, label="catching up (spool re-sent)")
+    axes.axvspan(0, up, color="tab:red", alpha=0.12, label="recorder down (journaling)")
+    axes.axvspan(up, drained, color="tab:orange", alpha=0.15, label="catching up (journal re-sent)")
     axes.set(xlabel="step", ylabel="ms per step (rolling median of 9)")
     axes.set_title("Step time while the recorder is down and catching up (first repeat)")
     axes.legend(fontsize=8)

@@ -239,7 +239,7 @@ async def write_long_runs(folder: Path, steps: int) -> LongRun:
     _progress(f"one {steps}-step agent run with StepRecorder")
     with RecorderProcess(folder / "recorder") as recorder:
         recorder_seconds, _ = await timed_run(
-            agent(payloads(steps), [StepRecorder(endpoint=recorder.endpoint, spool_dir=folder / "spool")])
+            agent(payloads(steps), [StepRecorder(endpoint=recorder.endpoint, journal_dir=folder / "journal")])
         )
         shutdown_pipelines()
     _progress(f"the same {steps}-step agent run with StepPersistence(SqliteStepStore)")

@@ -94,7 +94,7 @@ class DiskFullResult:
     agent_trail_complete: bool
     """The agent's run reads from `run_started` to `run_completed` with its three tool calls, once each."""
     recovery_seconds: float
-    """From the ballast removed to every refused request taken again and the agent's spool drained."""
+    """From the ballast removed to every refused request taken again and the agent's journal drained."""
     records_expected: int
     """Step events sent by the test itself: before, while and after the disk was full."""
     records_stored: int
@@ -134,7 +134,7 @@ async def disk_full(folder: Path, *, requests: int = 20) -> DiskFullResult:
             freed = time.monotonic()
             for n in refused:
                 _send_until_taken(export, _request(f"during-{n}", REQUEST_RECORDS))
-            shutdown_pipelines()  # the agent's spool drains
+            shutdown_pipelines()  # the agent's journal drains
             recovery = time.monotonic() - freed
 
             keys = await client.sql(
@@ -182,7 +182,7 @@ The recorder's data folder on a 64 MiB tmpfs, filled with a ballast file until E
 | reads answered while full (events, SQL) | {result.reads_while_full} of 2 |
 | a 3-step recorded agent run while full | {result.agent_seconds_while_full:.2f} s, finished |
 | that run's records, complete and once each after recovery | {"yes" if result.agent_trail_complete else "**no**"} |
-| recovery after space returned (refused requests re-sent, agent spool drained) | {result.recovery_seconds:.2f} s |
+| recovery after space returned (refused requests re-sent, agent journal drained) | {result.recovery_seconds:.2f} s |
 | step events sent (before, while, after) / stored | {result.records_expected} / {result.records_stored} |
 | duplicates | {result.duplicates} |
 | recorder alive at the end | {"yes" if result.recorder_alive else "**no**"} |

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 6): agents and recorders killed with real signals, a recorder down, a spool full.
+"""The fault matrix (issue 6): agents and recorders killed with real signals, a recorder down, a journal full.
 
 Everything is a real OS process on 127.0.0.1: the recorder (`RecorderProcess`, killed with
 SIGKILL and restarted on the same port and data folder) and every agent
@@ -12,8 +12,8 @@ views, which see every acknowledged record.
 - `recorder_kills`: the recorder SIGKILLed and restarted again and again while several agent
   processes run many steps; every record stored exactly once.
 - `recorder_outage`: the recorder down for a long stretch while agents run; they finish, the
-  spool drains when it returns, nothing is lost.
-- `spool_overflow`: the recorder unreachable and the spool bound exceeded; exactly the requests
+  journal drains when it returns, nothing is lost.
+- `journal_overflow`: the recorder unreachable and the journal bound exceeded; exactly the requests
   that cannot fit are dropped, each counted and warned about, and the rest are delivered later.
 
 Each returns a `FaultResult`; tests/test_faults.py runs each at a fast size, `main(quick)` at
@@ -23,7 +23,6 @@ report size and returns the markdown section of the reliability report.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import signal
 import socket
@@ -42,6 +41,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from pydantic_ai.messages import ModelMessage
 from steprec.proto import wire
 from steprec.proto.framing import read_frames
+from steprec.proto.journal import SEGMENT_GLOB
+from steprec.proto.journal import status as journal_status
 from steprec.query import RecorderClient
 from steprec.recorder.process import RecorderProcess
 
@@ -57,7 +58,7 @@ class FaultResult:
 
     scenario: str
     faults: int = 0
-    """Faults injected: processes SIGKILLed, outages, requests that could not fit the spool."""
+    """Faults injected: processes SIGKILLed, outages, requests that could not fit the journal."""
     expected: int = 0
     """Records the agents' behaviour says the recorder must hold (or, for a kill, was promised)."""
     stored: int = 0
@@ -269,6 +270,26 @@ async def _all_finished(agents: dict[str, Started]) -> dict[str, subprocess.Comp
             agent.kill()
 
 
+ADOPTION_SECONDS = 10.0
+"""How long the recorder may take here to deliver the journals of every agent of a round. The promise is
+2 s with nothing else running (tests/test_journal_delivery.py); here seven agent processes start and die
+at once on two cores, beside the recorder."""
+
+
+async def _adopted(journal: Path, result: FaultResult) -> None:
+    """Wait until the recorder delivered the dead agents' journals; a problem if it takes over `ADOPTION_SECONDS`."""
+    started = time.monotonic()
+    while list(journal.glob(SEGMENT_GLOB)):
+        if time.monotonic() - started > ADOPTION_SECONDS:
+            result.problems.append(
+                f"the recorder did not adopt the dead agents' journals within {ADOPTION_SECONDS:g} s"
+            )
+            return
+        await asyncio.sleep(0.05)
+    took = round(time.monotonic() - started, 2)
+    result.notes["longest_adoption_s"] = max(result.notes.get("longest_adoption_s", 0.0), took)
+
+
 async def agent_kills(rounds: int = 1) -> FaultResult:
     """The biller SIGKILLed at every kill point, `rounds` times each, then resumed in new processes.
 
@@ -279,12 +300,26 @@ async def agent_kills(rounds: int = 1) -> FaultResult:
     """
     result = FaultResult("agent SIGKILLed at each recorded boundary, then resumed in a new process")
     started = time.monotonic()
-    with _workspace("agent-kills") as folder, RecorderProcess(folder / "recorder") as recorder:
-        endpoint, spool = recorder.endpoint, folder / "spool"
+    with _workspace("agent-kills") as folder:
+        journal = folder / "journal"
+        journal.mkdir(mode=0o700)
+        recorder = RecorderProcess(folder / "recorder", extra_args=("--adopt-journals", str(journal)))
+        await _agent_kills(recorder, journal, rounds, result)
+    result.seconds = time.monotonic() - started
+    result.notes["kill points"] = len(KILL_POINTS)
+    return result
+
+
+async def _agent_kills(recorder: RecorderProcess, journal: Path, rounds: int, result: FaultResult) -> None:
+    with recorder:
+        endpoint = recorder.endpoint
         async with RecorderClient(endpoint) as client:
             for round_ in range(rounds):
                 conversations = {point: f"kill-{round_}-{point}" for point in KILL_POINTS}
-                killed = await _all_finished({p: start(p, endpoint, c, spool=spool) for p, c in conversations.items()})
+                killed = await _all_finished(
+                    {p: start(p, endpoint, c, journal=journal) for p, c in conversations.items()}
+                )
+                await _adopted(journal, result)
                 for point, exit_ in killed.items():
                     if exit_.returncode == -signal.SIGKILL:
                         result.faults += 1
@@ -292,7 +327,7 @@ async def agent_kills(rounds: int = 1) -> FaultResult:
                         result.problems.append(f"{point}: the agent exited with {exit_.returncode}, not SIGKILL")
                         del conversations[point]
                 resumed = await _all_finished(
-                    {p: start(PROMISES[p].resume, endpoint, c, spool=spool) for p, c in conversations.items()}
+                    {p: start(PROMISES[p].resume, endpoint, c, journal=journal) for p, c in conversations.items()}
                 )
                 runs = {p: await client.list_runs(conversation_id=c) for p, c in conversations.items()}
                 if len(runs.get("after_run_start", [])) != 2:
@@ -312,9 +347,6 @@ async def agent_kills(rounds: int = 1) -> FaultResult:
                     await _check_crashed(client, point, found[0].run_id, reference, result)
                     await _check_resumed(client, point, resumed[point], reference, result)
                 _progress(f"agent kills: round {round_ + 1}/{rounds} done")
-    result.seconds = time.monotonic() - started
-    result.notes["kill points"] = len(KILL_POINTS)
-    return result
 
 
 # -- 2 and 3. the recorder killed, or down for long, under running agents ----------------------
@@ -403,22 +435,22 @@ async def _agents_through(
 
     The agents run `echo_agent` until a stop file appears, so however long restarts take on a
     loaded machine, every fault lands mid-run; each reports how many steps it made. They are told
-    to stop only once their spool drained after the last restart, so the drain is timed while they
+    to stop only once their journal drained after the last restart, so the drain is timed while they
     still record.
     """
     started = time.monotonic()
     lines: list[dict] = []
     with _workspace(name) as folder:
         data, stop = folder / "recorder", folder / "stop"
-        spool = _SpoolWatch(folder / "spool")
+        journal = _JournalWatch(folder / "journal")
         recorders = [RecorderProcess(data).start()]
         endpoint = recorders[0].endpoint
         options = {"calls": 5, "delay": delay, "padding": padding, "until": str(stop)}
         running = [
-            start("echo", endpoint, f"{name}-{i}", options, log=folder / f"agent-{i}.log", spool=spool.folder)
+            start("echo", endpoint, f"{name}-{i}", options, log=folder / f"agent-{i}.log", journal=journal.folder)
             for i in range(agents)
         ]
-        watching = asyncio.create_task(spool.watch())
+        watching = asyncio.create_task(journal.watch())
         try:
             async with RecorderClient(endpoint) as client:
                 while len(await client.list_runs()) < agents:  # every agent registered: faults land mid-run
@@ -432,15 +464,15 @@ async def _agents_through(
                 result.faults += 1
                 await asyncio.sleep(fault.down_for)
                 recorders.append(RecorderProcess(data, listen=endpoint).start())
-            drained = await spool.drained(since=time.monotonic())
+            drained = await journal.drained(since=time.monotonic())
             stop.touch()
             for i, agent in enumerate(running):
                 try:
                     lines.append(report(await _finish(agent)))
                 except RuntimeError as error:
                     result.problems.append(f"agent {i}: {error}")
-            if leftover := spool.bytes():
-                result.problems.append(f"{leftover} bytes still spooled after every agent finished")
+            if leftover := journal.bytes():
+                result.problems.append(f"{leftover} bytes still journaled after every agent finished")
             async with RecorderClient(endpoint) as client:
                 await _check_agents(client, lines, result)
                 longest_step = await _longest_step(client)
@@ -454,7 +486,7 @@ async def _agents_through(
     result.notes.update(
         agents=agents,
         steps=sum((line["messages"] - 2) // 2 for line in lines),
-        peak_spool_kib=round(spool.peak / 1024),
+        peak_journal_kib=round(journal.peak / 1024),
         drained_after_last_restart_s=round(drained, 2) if drained is not None else "never",
         longest_step_s=round(longest_step, 2),
     )
@@ -470,19 +502,21 @@ async def _longest_step(client: RecorderClient) -> float:
     return (await client.sql(query)).to_pylist()[0]["longest"] or 0.0
 
 
-class _SpoolWatch:
-    """The agents' spool folder, watched from outside: its size now, its peak, when it is empty."""
+CAUGHT_UP_BYTES = 64 << 10
+"""Unacknowledged bytes in the agents' journals that count as caught up: the few requests of steps
+in flight, which agents that go on recording always have."""
+
+
+class _JournalWatch:
+    """The agents' journal folder, watched from outside: its unacknowledged bytes now, their peak,
+    when they caught up (`steprec journal status` reads the same)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.peak = 0
 
     def bytes(self) -> int:
-        total = 0
-        for path in self.folder.glob("spool-*.log"):
-            with contextlib.suppress(FileNotFoundError):  # retired while we looked
-                total += path.stat().st_size
-        return total
+        return sum(segment.unsent_bytes for segment in journal_status(self.folder))
 
     async def watch(self) -> None:
         while True:
@@ -490,9 +524,9 @@ class _SpoolWatch:
             await asyncio.sleep(0.05)
 
     async def drained(self, since: float, timeout: float = 60.0) -> float | None:
-        """Seconds from `since` until no segment is left (None if that takes longer than `timeout`)."""
+        """Seconds from `since` until the journals caught up (None if that takes longer than `timeout`)."""
         while time.monotonic() - since < timeout:
-            if not any(self.folder.glob("spool-*.log")):
+            if self.bytes() <= CAUGHT_UP_BYTES:
                 return time.monotonic() - since
             await asyncio.sleep(0.05)
         return None
@@ -505,7 +539,7 @@ async def recorder_kills(
     at once on the same port and data folder, while `agents` processes record steps of `delay` seconds.
 
     Records answered just before a kill were in the write-ahead log but their answer may have been
-    lost: the exporter spools and re-sends them, and the recorder must store them once.
+    lost: the exporter journals and re-sends them, and the recorder must store them once.
     """
     result = FaultResult(f"recorder SIGKILLed every {every[0]}-{every[1]} s under {agents} agent processes")
     chance = random.Random(seed)
@@ -517,8 +551,8 @@ async def recorder_kills(
 async def recorder_outage(seconds: float = 30.0, *, agents: int = 3, delay: float = 0.05) -> FaultResult:
     """The recorder SIGKILLed and kept down for `seconds` while `agents` processes record, then restarted.
 
-    The runs must not wait for it (records go to the spool), and once it is back the spool drains
-    while they go on: at the end everything is stored once and the spool is empty.
+    The runs must not wait for it (records go to the journal), and once it is back the journal drains
+    while they go on: at the end everything is stored once and the journal is empty.
     """
     result = FaultResult(f"recorder down for {seconds:g} s under {agents} agent processes")
     schedule = [_Down(after=0.5, down_for=seconds)]
@@ -526,49 +560,57 @@ async def recorder_outage(seconds: float = 30.0, *, agents: int = 3, delay: floa
     return result
 
 
-# -- 3b. the spool filled past its bound --------------------------------------------------------
+# -- 3b. the journal filled past its bound ------------------------------------------------------
 
 
 BIG_SHARE = 0.4
-"""A tool return's share of the spool bound: every fit-or-drop decision is at least 0.2 of the bound
+"""A tool return's share of the journal bound: every fit-or-drop decision is at least 0.2 of the bound
 away from the edge, so the few hundred bytes of each small request never decide one."""
 
 
-def must_drop(sizes: list[int], bound: int) -> int:
-    """How many of these requests (bytes each, in order) a spool of `bound` bytes must drop when
-    nothing drains: a request is dropped exactly when it does not fit beside those already held."""
-    held = dropped = 0
-    for size in sizes:
-        if held + size > bound:
+def must_drop(calls: int, bound: int, share: float = BIG_SHARE) -> int:
+    """How many snapshot-carrying requests a journal of `bound` bytes must drop when nothing drains,
+    for `calls` tool cycles whose returns are each `share` of the bound.
+
+    A request is dropped exactly when it does not fit beside those already held. A snapshot
+    after a kept one is a delta: the first cycle's carries its return, every later cycle's two
+    (the previous return again, stamped by pydantic-ai, and its own), the answer's one. A snapshot
+    after a dropped one is sent whole, since the recorder refuses a delta on a base it never got:
+    then cycle k's carries k returns and the answer's all of them.
+    """
+    held = dropped = 0.0
+    previous_dropped = False
+    for cycle in range(1, calls + 2):
+        answer = cycle == calls + 1
+        whole = calls if answer else cycle
+        delta = 1 if cycle == 1 or answer else 2
+        size = (whole if previous_dropped else delta) * share * bound
+        previous_dropped = held + size > bound
+        if previous_dropped:
             dropped += 1
         else:
             held += size
-    return dropped
+    return int(dropped)
 
 
-async def spool_overflow(calls: int = 10, *, bound: int = 1 << 20) -> FaultResult:
-    """An agent records `calls` tool cycles to a recorder that is not there, with a spool of `bound` bytes.
+async def journal_overflow(calls: int = 10, *, bound: int = 1 << 20) -> FaultResult:
+    """An agent records `calls` tool cycles to a recorder that is not there, with a journal of `bound` bytes.
 
-    Every tool return is `BIG_SHARE` of the bound (and under the 1 MiB fragment size), and each
-    travels twice: folded into its cycle's snapshot, then once more in the next snapshot, after
-    pydantic-ai stamped it with a timestamp and the run id (`SnapshotEncoder.encode`). So the
-    snapshot requests weigh 1, 2, 2, ..., 2 and, with the answer, 1 return; everything else is a
-    few hundred bytes. `must_drop` of those weights is the exact number of requests dropped, each
-    with a warning. Then a recorder comes up and a new process adopts and re-sends the spool:
-    every event that was kept is stored, and the events missing are those of the dropped requests.
-    (Of the snapshots kept, only those before the first drop are stored: a later one is a delta on
-    a dropped snapshot, which the recorder refuses. A live exporter would re-send it whole; a
-    re-sent spool only logs the refusal.)
+    Every tool return is `BIG_SHARE` of the bound (and under the 1 MiB fragment size); `must_drop`
+    is the exact number of requests dropped, each with a warning. Then a recorder comes up and a
+    new process adopts and re-sends the journal: every event that was kept is stored, and the
+    events missing are those of the dropped requests. (Of the snapshots kept, only those before
+    the first drop are stored: the whole snapshot sent after a drop did not fit either.)
     """
-    result = FaultResult(f"spool bound of {bound >> 10} KiB exceeded with the recorder down")
+    result = FaultResult(f"journal bound of {bound >> 10} KiB exceeded with the recorder down")
     started = time.monotonic()
     padding = int(bound * BIG_SHARE)
-    expected_drops = must_drop([padding, *[2 * padding] * (calls - 1), padding], bound)
-    with _workspace("spool-overflow") as folder:
-        spool = folder / "spool"
+    expected_drops = must_drop(calls, bound)
+    with _workspace("journal-overflow") as folder:
+        journal = folder / "journal"
         endpoint = f"127.0.0.1:{_free_port()}"  # nothing listens there until the recorder starts on it
-        options = {"calls": calls, "padding": padding, "spool_max_bytes": bound}
-        done = await _finish(start("echo", endpoint, "overflow", options, log=folder / "agent.log", spool=spool))
+        options = {"calls": calls, "padding": padding, "journal_max_bytes": bound}
+        done = await _finish(start("echo", endpoint, "overflow", options, log=folder / "agent.log", journal=journal))
         try:
             line = report(done)
         except RuntimeError as error:
@@ -580,20 +622,20 @@ async def spool_overflow(calls: int = 10, *, bound: int = 1 << 20) -> FaultResul
             result.problems.append(
                 f"dropped {line['dropped']} requests with {warnings} warnings; exactly {expected_drops} do not fit"
             )
-        kept = _spooled_records(spool)
-        spooled_bytes = _SpoolWatch(spool).bytes()
-        if spooled_bytes > bound:
-            result.problems.append(f"the spool holds {spooled_bytes} bytes, over its bound of {bound}")
+        kept = _journaled_records(journal)
+        journaled_bytes = _JournalWatch(journal).bytes()
+        if journaled_bytes > bound:
+            result.problems.append(f"the journal holds {journaled_bytes} bytes, over its bound of {bound}")
         emitted = expected_records(calls)
         missing_snapshots = emitted[("snapshots", "")] - kept[("snapshots", "")]
         if missing_snapshots != expected_drops:  # each big request carries one snapshot, nothing else does
-            result.problems.append(f"{missing_snapshots} snapshots missing from the spool, {expected_drops} dropped")
+            result.problems.append(f"{missing_snapshots} snapshots missing from the journal, {expected_drops} dropped")
         with RecorderProcess(folder / "recorder", listen=endpoint) as recorder:
-            drainer = await _finish(start("echo", endpoint, "drainer", {"calls": 1}, spool=spool))
+            drainer = await _finish(start("echo", endpoint, "drainer", {"calls": 1}, journal=journal))
             if drainer.returncode != 0:
-                result.problems.append(f"the process re-sending the spool failed: {drainer.stderr[-2000:]}")
-            if leftover := _SpoolWatch(spool).bytes():
-                result.problems.append(f"{leftover} bytes still spooled after a new process re-sent them")
+                result.problems.append(f"the process re-sending the journal failed: {drainer.stderr[-2000:]}")
+            if leftover := _JournalWatch(journal).bytes():
+                result.problems.append(f"{leftover} bytes still journaled after a new process re-sent them")
             async with RecorderClient(recorder.endpoint) as client:
                 stored = (await _stored(client)).get(line["run_id"], {})
         for kind in sorted(k for view, k in emitted if view == "events"):
@@ -617,10 +659,10 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _spooled_records(spool: Path) -> Counter[tuple[str, str]]:
-    """The records in the spool's segments, by ("events", kind) or ("snapshots", ""), read from disk."""
+def _journaled_records(journal: Path) -> Counter[tuple[str, str]]:
+    """The records in the journal's segments, by ("events", kind) or ("snapshots", ""), read from disk."""
     kept: Counter[tuple[str, str]] = Counter()
-    for path in spool.glob("spool-*.log"):
+    for path in journal.glob(SEGMENT_GLOB):
         for _, _, payload in read_frames(path):
             request = ExportLogsServiceRequest.FromString(payload)
             for resource in request.resource_logs:
@@ -631,7 +673,7 @@ def _spooled_records(spool: Path) -> Counter[tuple[str, str]]:
 
 
 def _record_key(record: Any) -> tuple[str, str]:
-    """A spooled log record's (view, kind) in `expected_records`' terms."""
+    """A journaled log record's (view, kind) in `expected_records`' terms."""
     if record.event_name.startswith(wire.EVENT_PREFIX):
         return ("events", record.event_name.removeprefix(wire.EVENT_PREFIX))
     if record.event_name == wire.SNAPSHOT:
@@ -656,7 +698,7 @@ def run_all(quick: bool) -> list[FaultResult]:
         lambda: agent_kills(rounds=size["rounds"]),
         lambda: recorder_kills(kills=size["kills"]),
         lambda: recorder_outage(seconds=size["outage"]),
-        lambda: spool_overflow(calls=size["calls"], bound=size["bound"]),
+        lambda: journal_overflow(calls=size["calls"], bound=size["bound"]),
     ]
     results = []
     for scenario in scenarios:

@@ -11,7 +11,7 @@ phases while the agent's connection stays open.
   steps through values below and above the exporter's `timeout_seconds`. Each
   phase reports the wall time of every step; the bound is what
   `OrderedDeliveryProcessor` promises (see `step_bound`). The agent's peak RSS
-  is read at several sizes of a spooling phase, and at the end every record must
+  is read at several sizes of a journaling phase, and at the end every record must
   be stored exactly once.
 - `soak`: several agent processes and a load generator against one recorder for
   a fixed time; records/s, Export latency, recorder RSS over time and what each
@@ -60,8 +60,8 @@ def step_bound(timeout_seconds: float) -> float:
     """The longest one timed interval may take when the recorder is slow, by `OrderedDeliveryProcessor`'s design.
 
     A barrier waits for the request carrying its records: at most `timeout_seconds`
-    before the request fails and goes to the spool. If the delivery thread was busy
-    with a spool re-send attempt when the barrier came, that attempt can take another
+    before the request fails and goes to the journal. If the delivery thread was busy
+    with a journal re-send attempt when the barrier came, that attempt can take another
     `timeout_seconds` first. Hence two timeouts per barrier.
     """
     return BARRIERS_PER_STEP * 2 * timeout_seconds + MARGIN_SECONDS
@@ -84,7 +84,7 @@ class DelayingProxy:
     The answer path is delayed, not the request path: the recorder commits each
     request at once and its acknowledgement arrives `delay` later, which is the
     case that matters most. When `delay` exceeds the exporter's timeout the
-    exporter gives up on a request the recorder did store, spools it and sends
+    exporter gives up on a request the recorder did store, journals it and sends
     it again, so replay suppression is exercised on every such request. HTTP/2
     flow-control and ping frames are delayed too, like on a slow link.
 
@@ -258,18 +258,18 @@ class PhaseReport:
 class AgentProcess:
     """An `echo_agent` with a StepRecorder in its own OS process, told what to run one phase at a time.
 
-    One process lives through all phases, so its pipeline, spool and connection
+    One process lives through all phases, so its pipeline, journal and connection
     carry over from phase to phase as they would in a long-lived agent, and its
     VmHWM covers the whole run. Its stderr (the exporter's warnings, one per
-    spooled request) goes to `<agent_name>.log` beside the spool folder.
+    journaled request) goes to `<agent_name>.log` beside the journal folder.
     """
 
-    def __init__(self, endpoint: str, agent_name: str, spool_dir: Path, **recorder_options: Any) -> None:
+    def __init__(self, endpoint: str, agent_name: str, journal_dir: Path, **recorder_options: Any) -> None:
         config = {"endpoint": endpoint, "agent_name": agent_name, **recorder_options}
-        env = {**os.environ, "STEPREC_SPOOL_DIR": str(spool_dir)}
+        env = {**os.environ, "STEPREC_JOURNAL_DIR": str(journal_dir)}
         command = [sys.executable, "-m", "reliability.load", "agent", json.dumps(config)]
         self.agent_name = agent_name
-        self.log_path = spool_dir.parent / f"{agent_name}.log"
+        self.log_path = journal_dir.parent / f"{agent_name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
@@ -304,7 +304,7 @@ class AgentProcess:
         return status_kib(self.process.pid, "VmHWM")
 
     def end_input(self) -> None:
-        """No more phases: the process exits the ordinary way, its exit flush delivering or spooling the rest."""
+        """No more phases: the process exits the ordinary way, its exit flush delivering or journaling the rest."""
         assert self.process.stdin is not None
         if not self.process.stdin.closed:
             self.process.stdin.close()
@@ -571,18 +571,18 @@ class SlowRecorderResult:
     timeout_seconds: float
     phases: tuple[SlowPhase, ...]
     memory: tuple[MemoryPoint, ...]
-    """After each leg of the spooling phase."""
+    """After each leg of the journaling phase."""
     expected: dict[str, int]
     stored: Stored
-    spool_left_bytes: int
+    journal_left_bytes: int
     exit_code: int
     exit_seconds: float
-    spooled_after_recovery: Backlog
-    """Still in the spool when `recovering` ended: nothing when the spool drained while the agent ran."""
+    journaled_after_recovery: Backlog
+    """Still in the journal when `recovering` ended: nothing when the journal drained while the agent ran."""
 
     @property
-    def spooled_before_recovery(self) -> Backlog:
-        return self.memory[-1].spooled
+    def journaled_before_recovery(self) -> Backlog:
+        return self.memory[-1].journaled
 
     def phase(self, name: str) -> SlowPhase:
         (found,) = (p for p in self.phases if p.name == name)
@@ -595,18 +595,18 @@ class SlowRecorderResult:
 
 @dataclass(frozen=True)
 class Backlog:
-    """What waits in an agent's spool folder, read from outside the process."""
+    """What waits in an agent's journal folder, read from outside the process."""
 
     requests: int
     bytes: int
 
 
-def spool_backlog(spool: Path) -> Backlog:
+def journal_backlog(journal: Path) -> Backlog:
     """Frames past each segment's `.pos` mark (docs/delivery.md), and their bytes."""
     from steprec.proto.framing import read_frames
 
     requests = size = 0
-    for segment in spool.glob("spool-*.log"):
+    for segment in journal.glob("journal-*.log"):
         mark = segment.with_suffix(".pos")
         position = int(mark.read_text() or 0) if mark.exists() else 0
         ends = [end for _, end, _ in read_frames(segment) if end > position]
@@ -617,18 +617,18 @@ def spool_backlog(spool: Path) -> Backlog:
 
 @dataclass(frozen=True)
 class MemoryPoint:
-    """The agent's peak RSS and its spool's backlog after `steps` steps of the spooling phase."""
+    """The agent's peak RSS and its journal's backlog after `steps` steps of the journaling phase."""
 
     steps: int
     peak_rss_kib: int
-    spooled: Backlog
+    journaled: Backlog
 
 
 def drain_backoff_cap() -> float:
-    """The longest pause between two re-send attempts of the spool (`_delivery._DRAIN_BACKOFF`)."""
-    from steprec.exporter._delivery import _DRAIN_BACKOFF
+    """The longest pause between two re-send attempts of the journal (`_delivery._RETRY_BACKOFF`)."""
+    from steprec.exporter._delivery import _RETRY_BACKOFF
 
-    return _DRAIN_BACKOFF[1]
+    return _RETRY_BACKOFF[1]
 
 
 def slow_recorder(
@@ -639,30 +639,34 @@ def slow_recorder(
     runs: int = 2,
     steps: int = 5,
     memory_steps: tuple[int, ...] = (200, 800),
-    spool_padding: int = 0,
+    journal_padding: int = 0,
     recovery_delay: float = 0.05,
 ) -> SlowRecorderResult:
     """One agent process records through a `DelayingProxy`; the delay changes phase by phase.
 
-    Phases: `baseline` (no delay), one per entry of `delays`; `spooling` (delay
-    1.5 x `timeout_seconds`, so every request times out and is spooled) until
-    `memory_steps[-1]` steps, the agent's VmHWM and spool backlog read at each of
+    The agent records with `delivery="acknowledged"`, the mode whose hooks wait for the
+    recorder's answer, so the delay reaches its steps; with the default journal they wait
+    for a local write only and a slow recorder shows in the journal's backlog, not in steps.
+
+    Phases: `baseline` (no delay), one per entry of `delays`; `journaling` (delay
+    1.5 x `timeout_seconds`, so every request times out and is journaled) until
+    `memory_steps[-1]` steps, the agent's VmHWM and journal backlog read at each of
     `memory_steps` (runs of 10 steps, so a growing history does not pass for a
-    leak; `spool_padding` characters on each tool return, so the spool outgrows
+    leak; `journal_padding` characters on each tool return, so the journal outgrows
     any allowance for noise in RSS); then `recovering`
-    (`recovery_delay`, below the timeout) for longer than the spool's longest
-    re-send pause, so the spool drains while the agent keeps running. Then the
+    (`recovery_delay`, below the timeout) for longer than the journal's longest
+    re-send pause, so the journal drains while the agent keeps running. Then the
     delay drops to zero and the agent process exits normally; its exit flush
     delivers what is left. Every record it sent must then be stored exactly once.
     """
     from steprec.recorder.process import RecorderProcess
 
     name = "slow-recorder"
-    spool = folder / "spool"
+    journal = folder / "journal"
     phases: list[SlowPhase] = []
     expected: dict[str, int] = {}
     with RecorderProcess(folder / "recorder") as recorder, DelayingProxy(recorder.endpoint) as proxy:
-        agent = AgentProcess(proxy.endpoint, name, spool, timeout_seconds=timeout_seconds)
+        agent = AgentProcess(proxy.endpoint, name, journal, delivery="acknowledged", timeout_seconds=timeout_seconds)
         try:
 
             def phase(label: str, delay: float, steps: int, legs: list[dict[str, Any]]) -> list[MemoryPoint]:
@@ -673,7 +677,7 @@ def slow_recorder(
                 for leg in legs:
                     reports.append(agent.phase(steps, **leg))
                     done = sum(r.steps for r in reports)
-                    points.append(MemoryPoint(done, agent.peak_rss_kib(), spool_backlog(spool)))
+                    points.append(MemoryPoint(done, agent.peak_rss_kib(), journal_backlog(journal)))
                 done = sum(r.runs for r in reports)
                 expected = _add(expected, _scale(records_per_run(steps), done))
                 latency = Latency.of([i for r in reports for i in r.intervals])
@@ -699,19 +703,19 @@ def slow_recorder(
                 phase(f"{_ms(delay)} ms", delay, steps, [{"runs": runs}])
             run_steps = 10
             legs = [
-                {"runs": (b - a) // run_steps, "padding": spool_padding}
+                {"runs": (b - a) // run_steps, "padding": journal_padding}
                 for a, b in itertools.pairwise((0, *memory_steps))
             ]
-            memory = phase("spooling", 1.5 * timeout_seconds, run_steps, legs)
+            memory = phase("journaling", 1.5 * timeout_seconds, run_steps, legs)
             phase("recovering", recovery_delay, steps, [{"seconds": drain_backoff_cap() + 2 * timeout_seconds}])
-            still_spooled = spool_backlog(spool)
+            still_journaled = journal_backlog(journal)
             proxy.delay = 0.0
             exit_started = time.perf_counter()
             exit_code = agent.close()
             exit_seconds = time.perf_counter() - exit_started
         finally:
             agent.kill()
-        spool_left = sum(p.stat().st_size for p in spool.glob("spool-*.log"))
+        journal_left = sum(p.stat().st_size for p in journal.glob("journal-*.log"))
         stored = stored_by_agent(recorder.endpoint, name)
     return SlowRecorderResult(
         timeout_seconds=timeout_seconds,
@@ -719,10 +723,10 @@ def slow_recorder(
         memory=tuple(memory),
         expected=expected,
         stored=stored,
-        spool_left_bytes=spool_left,
+        journal_left_bytes=journal_left,
         exit_code=exit_code,
         exit_seconds=exit_seconds,
-        spooled_after_recovery=still_spooled,
+        journaled_after_recovery=still_journaled,
     )
 
 
@@ -826,7 +830,7 @@ def soak(
         "--message-cache-mib", str(message_cache_mib), "--run-state-mib", str(run_state_mib),
     )  # fmt: skip
     with RecorderProcess(folder / "recorder", extra_args=options) as recorder:
-        processes = [AgentProcess(recorder.endpoint, n, folder / f"spool-{n}") for n in names]
+        processes = [AgentProcess(recorder.endpoint, n, folder / f"journal-{n}") for n in names]
         try:
             # Imports take a second or two: let every agent be ready before the clock starts.
             for process in processes:
@@ -936,21 +940,21 @@ def slow_recorder_section(result: SlowRecorderResult) -> list[str]:
             f"{_ms(p.latency.p99)} | {_ms(p.latency.max)} | {p.added_p50 * 1000:,.1f} | "
             f"{'yes' if p.within_bound else '**NO**'} | {len(p.errors)} |"
         )
-    before, after = result.spooled_before_recovery, result.spooled_after_recovery
+    before, after = result.journaled_before_recovery, result.journaled_after_recovery
     lines += [
         "",
-        "| spooling: steps so far | agent peak RSS (VmHWM) MiB | spooled requests | spooled MiB |",
+        "| journaling: steps so far | agent peak RSS (VmHWM) MiB | journaled requests | journaled MiB |",
         "|---:|---:|---:|---:|",
         *(
-            f"| {p.steps:,} | {_mib(p.peak_rss_kib)} | {p.spooled.requests:,} | {_mib(p.spooled.bytes // 1024)} |"
+            f"| {p.steps:,} | {_mib(p.peak_rss_kib)} | {p.journaled.requests:,} | {_mib(p.journaled.bytes // 1024)} |"
             for p in result.memory
         ),
         "",
         f"- `recovering` began with {before.requests:,} requests ({_mib(before.bytes // 1024)} MiB) in the agent's "
-        f"spool and ended with {after.requests:,}",
+        f"journal and ended with {after.requests:,}",
         f"- afterwards (delay 0, agent exit flush {result.exit_seconds:,.1f} s, exit code {result.exit_code}): "
         f"expected {_counts(result.expected)}; stored {_counts(result.stored.counts)}; "
-        f"lost {result.lost}, duplicates {result.stored.duplicates}, spool left {result.spool_left_bytes} bytes",
+        f"lost {result.lost}, duplicates {result.stored.duplicates}, journal left {result.journal_left_bytes} bytes",
     ]
     return lines
 
@@ -1002,15 +1006,15 @@ QUICK_SLOW: dict[str, Any] = {
     "runs": 1,
     "steps": 3,
     "memory_steps": (20, 80),
-    "spool_padding": 300_000,
+    "journal_padding": 300_000,
     "recovery_delay": 0.03,
 }
 """`slow_recorder` at the sizes of the normal test suite (tests/test_load_faults.py) and of `--quick`.
 
 A configured timeout of half a second makes "slower than the timeout" fit in a
-test. The padding makes the 60 steps between the memory readings spool about
-18 MB, far more than RSS noise. With the recovery delay, re-sending the spool one request at a time takes
-(spooled requests x delay), above `step_bound` by itself: a drain that held a
+test. The padding makes the 60 steps between the memory readings journal about
+18 MB, far more than RSS noise. With the recovery delay, re-sending the journal one request at a time takes
+(journaled requests x delay), above `step_bound` by itself: a drain that held a
 hook for all of it would break the bound however fast the machine is."""
 GAUGE_SAMPLE_SECONDS = 2.0
 SOAK_GAUGES = {
@@ -1038,7 +1042,7 @@ def slow_options(quick: bool) -> dict[str, Any]:
         "runs": 3,
         "steps": 5,
         "memory_steps": (200, 800, 1600, 3200),
-        "spool_padding": 16_000,  # about 35 KB spooled per step: 3,200 steps stay well inside the 256 MiB bound
+        "journal_padding": 16_000,  # about 35 KB journaled per step: 3,200 steps stay well inside the 256 MiB bound
         "recovery_delay": 0.0,
     }
 
@@ -1059,9 +1063,9 @@ def main(quick: bool = False) -> str:
         "(`DelayingProxy` in `reliability/load.py`): each acknowledgement arrives that much later, after the "
         "recorder stored the request. Latency is the wall time of each interval of a run (start to first model "
         "request, model request to model request, last one to the end), each holding at most "
-        f"{BARRIERS_PER_STEP} acknowledgement waits. `spooling`: the delay exceeds the timeout, every request "
-        "times out, is spooled and sent again later (runs of 10 steps). `recovering`: the delay is back below "
-        "the timeout, for longer than the spool's longest re-send pause, so the spool drains while the agent runs.",
+        f"{BARRIERS_PER_STEP} acknowledgement waits. `journaling`: the delay exceeds the timeout, every request "
+        "times out, is journaled and sent again later (runs of 10 steps). `recovering`: the delay is back below "
+        "the timeout, for longer than the journal's longest re-send pause, so the journal drains while the agent runs.",
         "",
         *slow_recorder_section(slow),
         "",

@@ -34,7 +34,7 @@ REPORT = ROOT / "docs" / "reliability.md"
 INTRO = """# Reliability
 
 What steprec keeps when things go wrong, measured: agents and recorders killed with SIGKILL at every
-boundary, a recorder down or slow, a spool overflowing, a full disk, hostile input from strangers,
+boundary, a recorder down or slow, a journal overflowing, a full disk, hostile input from strangers,
 and a soak of several agents and a load generator together. Every scenario runs real processes on
 127.0.0.1, nothing mocked, and cleans up after itself. The targets: no acknowledged record lost,
 none stored twice, no daemon crash or hang on any input.
@@ -80,8 +80,8 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))  # the scenarios import `reliability` and the test agents in `tests`
     os.chdir(ROOT)  # agent processes are started as `python -m tests...`
     RESULTS.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="steprec-reliability-spool-") as spool:
-        os.environ["STEPREC_SPOOL_DIR"] = spool  # never the user's own spool
+    with tempfile.TemporaryDirectory(prefix="steprec-reliability-journal-") as journal:
+        os.environ["STEPREC_JOURNAL_DIR"] = journal  # never the user's own journal
         for name in args.only or SCENARIOS:
             started = time.monotonic()
             print(f"reliability: {name} ...", flush=True)

@@ -12,10 +12,10 @@ proposed tool calls are saved before they run. MODE is one of:
   latter) on the conversation's newest run, then run the biller on that history with no new prompt,
   which executes pending tool calls first;
 - `echo`: a load worker for `reliability.faults`: `tests.agents.echo_agent` with OPTIONS (a JSON
-  object of its keyword arguments, `calls`, `padding`, `delay`, `spool_max_bytes`, ...).
+  object of its keyword arguments, `calls`, `padding`, `delay`, `journal_max_bytes`, ...).
 
 Every mode that survives prints one JSON line: the run id, the output, the number of messages in
-the run, and the spool requests the process dropped.
+the run, and the journal requests the process dropped.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,15 +152,15 @@ def start(
     options: dict[str, Any] | None = None,
     *,
     log: Path | None = None,
-    spool: Path | None = None,
+    journal: Path | None = None,
 ) -> Started:
     """Start this agent in a new Python process.
 
     `log` takes its stderr: a pipe nobody reads until the end fills up when the recorder is down
-    for long (a warning per attempt) and would stall the agent. `spool` is its spool folder.
+    for long (a warning per attempt) and would stall the agent. `journal` is its journal folder.
     """
     command = [sys.executable, "-m", "tests.crash_agent", mode, endpoint, conversation, json.dumps(options or {})]
-    env = {**os.environ, "STEPREC_SPOOL_DIR": str(spool)} if spool is not None else None
+    env = {**os.environ, "STEPREC_JOURNAL_DIR": str(journal)} if journal is not None else None
     if log is None:
         process = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -168,6 +169,22 @@ def start(
         with open(log, "w") as stderr:  # the child keeps its own copy of the descriptor
             process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     return Started(process, log)
+
+
+ADOPTION_SECONDS = 2.0
+"""How soon a recorder adopting a dead agent's journal holds what it journaled (docs/delivery.md)."""
+
+
+async def eventually(check, seconds: float = ADOPTION_SECONDS):
+    """`await check()` until it returns something truthy, for at most `seconds`; its last value.
+
+    What a killed agent journaled reaches the recorder by adoption, within `ADOPTION_SECONDS`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = await check()
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(0.05)
 
 
 def spawn(mode: str, endpoint: str, conversation: str, **options: Any) -> subprocess.CompletedProcess[str]:
@@ -264,7 +281,7 @@ async def main(mode: str, endpoint: str, conversation: str, options: str = "{}")
     # No request limit: a load worker makes as many steps as the scenario needs.
     limits = UsageLimits(request_limit=None)
     result = await agent.run(prompt, message_history=history, conversation_id=conversation, usage_limits=limits)
-    dropped = sum(pipeline.delivery.dropped_requests for pipeline in _pipelines.values())
+    dropped = sum(pipeline.dropped_requests for pipeline in _pipelines.values())
     shutdown_pipelines()
     line = {
         "run_id": result.run_id,

@@ -31,7 +31,7 @@ async def test_recorder_killed_and_restarted_during_a_run(tmp_path: Path) -> Non
             recorders.append(RecorderProcess(tmp_path / "recorder", listen=endpoint).start())
         result = await run_task
         assert result.output == "saw 40 returns"
-        shutdown_pipelines()  # drains whatever was spooled while the recorder was down
+        shutdown_pipelines()  # drains whatever was journaled while the recorder was down
         async with RecorderClient(endpoint) as client:
             (run,) = await client.list_runs(conversation_id="conv-recorder-crash")
             events = await client.list_events(run.run_id)

@@ -78,7 +78,7 @@ def test_dockerfile_is_pinned_and_hardened():
     assert user not in ("root", "0"), "the daemon must not run as root"
     assert user in ("10001", "steprec")
     assert "4317" in values("EXPOSE")[-1].split()
-    assert "/data" in values("VOLUME")[-1]
+    assert values("VOLUME")[-1].split() == ["/data", "/journal"]
     assert values("HEALTHCHECK") and "healthcheck.py" in values("HEALTHCHECK")[-1]
     assert entry_command() == ["steprec", "serve", "--listen", "0.0.0.0:4317", "--data", "/data"]
 
@@ -88,8 +88,14 @@ def test_compose_wires_the_recorder_service():
     text = COMPOSE.read_text()
     lines = [line.split("#")[0].rstrip() for line in text.splitlines()]
     assert "services:" in lines and "  recorder:" in lines
-    assert "volumes:" in lines and "  steprec-data:" in lines  # the top-level named volume
+    assert "volumes:" in lines and "  steprec-data:" in lines and "  steprec-journal:" in lines  # named volumes
     assert any(line.strip() == "- steprec-data:/data" for line in lines)
+    # The recorder adopts the journals of agents that share its journal volume, as its user.
+    assert [line.strip() for line in lines].count("- steprec-journal:/journal") == 2
+    assert any(line.strip() == "STEPREC_ADOPT_JOURNALS: /journal" for line in lines)
+    assert any(line.strip() == "STEPREC_JOURNAL_DIR: /journal" for line in lines)
+    assert any(line.strip() == 'user: "10001:10001"' for line in lines)
+    assert "x-steprec-agent: &steprec-agent" in lines
     assert any(line.strip() == '- "127.0.0.1:4317:4317"' for line in lines), "publish on loopback only"
     assert any(line.strip() == "restart: unless-stopped" for line in lines)
     context = next(line.split(":", 1)[1].strip() for line in lines if line.strip().startswith("context:"))

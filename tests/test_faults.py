@@ -25,17 +25,18 @@ async def test_a_recorder_killed_again_and_again_stores_every_record_once() -> N
 async def test_a_recorder_down_for_a_while_loses_nothing() -> None:
     result = await faults.recorder_outage(seconds=3.0, agents=3)
     assert result.problems == []
-    assert result.notes["peak_spool_kib"] > 0, "the agents must have recorded into the spool while it was down"
-    # No step waits for more than one Export (timeout_seconds, 5 s) and one spool re-send after it:
-    # catching up after the outage must not hold an agent up for the whole spool.
+    assert result.notes["peak_journal_kib"] > 0, "the agents must have recorded into the journal while it was down"
+    # No step waits for more than one Export (timeout_seconds, 5 s) and one journal re-send after it:
+    # catching up after the outage must not hold an agent up for the whole journal.
     assert result.notes["longest_step_s"] < 10, result.notes
     assert result.expected == result.stored > 0 and result.lost == result.duplicates == 0
 
 
-async def test_a_full_spool_drops_exactly_the_requests_that_do_not_fit() -> None:
-    result = await faults.spool_overflow(calls=10)
+async def test_a_full_journal_drops_exactly_the_requests_that_do_not_fit() -> None:
+    result = await faults.journal_overflow(calls=10)
     assert result.problems == []
-    # Returns of 0.4 MiB into 1 MiB: the first cycle's request fits, every later cycle's (two returns) does not.
-    assert result.notes["expected_drops"] == 9
-    assert result.faults == result.notes["requests_dropped"] == result.notes["warnings"] == 9
+    # Returns of 0.4 MiB into 1 MiB: the first cycle's request fits; the second's (a delta of two returns)
+    # does not, and neither does any after it (whole snapshots, since their base was dropped), the answer's too.
+    assert result.notes["expected_drops"] == 10
+    assert result.faults == result.notes["requests_dropped"] == result.notes["warnings"] == 10
     assert result.lost == result.duplicates == 0

@@ -64,7 +64,7 @@ async def test_media_is_stored_once_outside_duckdb_and_restored(tmp_path: Path) 
     recorder = RecorderProcess(tmp_path / "recorder").start()
     try:
         agent = Agent(
-            FunctionModel(model), capabilities=[StepRecorder(endpoint=recorder.endpoint, spool_dir=tmp_path / "s")]
+            FunctionModel(model), capabilities=[StepRecorder(endpoint=recorder.endpoint, journal_dir=tmp_path / "s")]
         )
 
         @agent.tool_plain
@@ -100,7 +100,7 @@ async def test_prune_collects_blobs_nothing_refers_to(tmp_path: Path) -> None:
     recorder = RecorderProcess(tmp_path / "recorder").start()
     try:
         agent = Agent(FunctionModel(lambda m, i: ModelResponse(parts=[TextPart("ok")])),
-                      capabilities=[StepRecorder(endpoint=recorder.endpoint, spool_dir=tmp_path / "s")])  # fmt: skip
+                      capabilities=[StepRecorder(endpoint=recorder.endpoint, journal_dir=tmp_path / "s")])  # fmt: skip
         await agent.run(["x", BinaryContent(data=os.urandom(5000), media_type="image/png")], conversation_id="gone")
         await agent.run(["y", BinaryContent(data=os.urandom(5000), media_type="image/png")], conversation_id="kept")
         steprec = str(Path(sys.executable).parent / "steprec")

@@ -53,7 +53,7 @@ async def test_media_round_trips_through_s3_and_prune_collects_it(
     image = os.urandom(300_000)
     try:
         agent = Agent(FunctionModel(lambda m, i: ModelResponse(parts=[TextPart("ok")])),
-                      capabilities=[StepRecorder(endpoint=recorder.endpoint, spool_dir=tmp_path / "s")])  # fmt: skip
+                      capabilities=[StepRecorder(endpoint=recorder.endpoint, journal_dir=tmp_path / "s")])  # fmt: skip
         result = await agent.run(["see", BinaryContent(data=image, media_type="image/png")], conversation_id="s3")
         async with RecorderClient(recorder.endpoint) as reader:
             history = await continue_run(reader, run_id=result.run_id)

@@ -27,7 +27,7 @@ def _scrape(url: str, token: str | None = None) -> dict[str, float]:
 async def test_metrics_count_what_was_received_and_applied(tmp_path: Path) -> None:
     recorder = RecorderProcess(tmp_path / "r", extra_args=("--metrics-listen", "127.0.0.1:0")).start()
     try:
-        await echo_agent(recorder.endpoint, calls=3, spool_dir=tmp_path / "spool").run("go")
+        await echo_agent(recorder.endpoint, calls=3, journal_dir=tmp_path / "journal").run("go")
         shutdown_pipelines()
         metrics = _scrape(recorder.metrics_url)
         received = metrics["steprec_records_received_total"]

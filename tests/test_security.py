@@ -62,7 +62,7 @@ async def test_calls_without_the_token_are_unauthenticated(guarded) -> None:
 
 async def test_with_the_token_everything_works_and_it_is_never_logged(guarded, tmp_path: Path) -> None:
     recorder, token = guarded
-    agent = echo_agent(recorder.endpoint, calls=2, token=token, spool_dir=tmp_path / "spool")
+    agent = echo_agent(recorder.endpoint, calls=2, token=token, journal_dir=tmp_path / "journal")
     result = await agent.run("go", conversation_id="conv-token")
     async with RecorderClient(recorder.endpoint, token=token) as client:
         (run,) = await client.list_runs(conversation_id="conv-token")
@@ -75,8 +75,10 @@ async def test_with_the_token_everything_works_and_it_is_never_logged(guarded, t
 
 async def test_an_agent_without_the_token_is_not_stored_and_not_held_up(guarded, tmp_path: Path) -> None:
     recorder, token = guarded
-    result = await echo_agent(recorder.endpoint, calls=1, spool_dir=tmp_path / "spool").run("go", conversation_id="c")
-    assert result.output == "saw 1 returns"  # refused delivery spools; the agent is not failed
+    result = await echo_agent(recorder.endpoint, calls=1, journal_dir=tmp_path / "journal").run(
+        "go", conversation_id="c"
+    )
+    assert result.output == "saw 1 returns"  # refused delivery journals; the agent is not failed
     async with RecorderClient(recorder.endpoint, token=token) as client:
         assert await client.list_runs(conversation_id="c") == []
 
@@ -111,7 +113,7 @@ async def test_tls_records_and_reads_over_an_encrypted_channel(tmp_path: Path, c
     recorder = _tls_recorder(tmp_path, certificates, mutual=False)
     try:
         assert recorder.endpoint.startswith("https://127.0.0.1:")
-        agent = echo_agent(recorder.endpoint, calls=1, tls_ca=certificates / "ca.pem", spool_dir=tmp_path / "spool")
+        agent = echo_agent(recorder.endpoint, calls=1, tls_ca=certificates / "ca.pem", journal_dir=tmp_path / "journal")
         await agent.run("go", conversation_id="conv-tls")
         async with RecorderClient(recorder.endpoint, tls_ca=certificates / "ca.pem") as client:
             (run,) = await client.list_runs(conversation_id="conv-tls")
@@ -134,7 +136,9 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate(tmp_path: Path,
                 await anonymous.list_runs()
         async with RecorderClient(recorder.endpoint, tls_ca=ca, tls_cert=cert, tls_key=key) as client:
             assert await client.list_runs() == []
-        agent = echo_agent(recorder.endpoint, calls=1, tls_ca=ca, tls_cert=cert, tls_key=key, spool_dir=tmp_path / "s")
+        agent = echo_agent(
+            recorder.endpoint, calls=1, tls_ca=ca, tls_cert=cert, tls_key=key, journal_dir=tmp_path / "s"
+        )
         await agent.run("go", conversation_id="conv-mtls")
         async with RecorderClient(recorder.endpoint, tls_ca=ca, tls_cert=cert, tls_key=key) as client:
             assert len(await client.list_runs(conversation_id="conv-mtls")) == 1

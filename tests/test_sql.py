@@ -28,7 +28,7 @@ from steprec.recorder.query_service import encoded_arrow_chunks
 from steprec.recorder.sql import EXPORTS
 
 from .agents import tool_returns
-from .crash_agent import spawn
+from .crash_agent import eventually, spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = dict(
@@ -91,6 +91,13 @@ async def test_the_documented_examples_answer_what_was_recorded(
     planner, booker = await _record_a_tree(recorder.endpoint)
     crashed = await asyncio.to_thread(spawn, "inside_tool", recorder.endpoint, "conv-crash")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+
+    async def crash_adopted() -> bool:  # the rest of the killed biller's journal, delivered by the recorder
+        runs = await client.list_runs(conversation_id="conv-crash")
+        events = await client.list_events(runs[0].run_id) if runs else []
+        return any(e.kind == "tool_call_started" and e.tool_call_id == "c1" for e in events)
+
+    assert await eventually(crash_adopted)
     assert set(EXAMPLES) == {"tool-failure-rate", "slowest-model-requests", "unresolved-effects",
                              "usage-per-conversation"}  # fmt: skip
 
