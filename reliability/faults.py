@@ -568,29 +568,33 @@ BIG_SHARE = 0.4
 away from the edge, so the few hundred bytes of each small request never decide one."""
 
 
-def must_drop(calls: int, bound: int, share: float = BIG_SHARE) -> int:
+def must_drop(calls: int, bound: int, share: float = BIG_SHARE) -> tuple[int, int]:
     """How many snapshot-carrying requests a journal of `bound` bytes must drop when nothing drains,
-    for `calls` tool cycles whose returns are each `share` of the bound.
+    for `calls` tool cycles whose returns are each `share` of the bound, and how many were made.
 
     A request is dropped exactly when it does not fit beside those already held. A snapshot
     after a kept one is a delta: the first cycle's carries its return, every later cycle's two
     (the previous return again, stamped by pydantic-ai, and its own), the answer's one. A snapshot
     after a dropped one is sent whole, since the recorder refuses a delta on a base it never got:
-    then cycle k's carries k returns and the answer's all of them.
+    then cycle k's carries k returns and the answer's all of them. When the answer's was dropped,
+    the run's end saves it once more, whole (`StepRecorder._confirm_last_snapshot`).
     """
+    sizes: list[float] = []
     held = dropped = 0.0
     previous_dropped = False
-    for cycle in range(1, calls + 2):
-        answer = cycle == calls + 1
+    for cycle in range(1, calls + 3):
+        answer = cycle >= calls + 1
+        if cycle == calls + 2 and not previous_dropped:
+            break  # the answer's snapshot was kept: nothing to save again
         whole = calls if answer else cycle
         delta = 1 if cycle == 1 or answer else 2
-        size = (whole if previous_dropped else delta) * share * bound
-        previous_dropped = held + size > bound
+        sizes.append((whole if previous_dropped else delta) * share * bound)
+        previous_dropped = held + sizes[-1] > bound
         if previous_dropped:
             dropped += 1
         else:
-            held += size
-    return int(dropped)
+            held += sizes[-1]
+    return int(dropped), len(sizes)
 
 
 async def journal_overflow(calls: int = 10, *, bound: int = 1 << 20) -> FaultResult:
@@ -605,7 +609,7 @@ async def journal_overflow(calls: int = 10, *, bound: int = 1 << 20) -> FaultRes
     result = FaultResult(f"journal bound of {bound >> 10} KiB exceeded with the recorder down")
     started = time.monotonic()
     padding = int(bound * BIG_SHARE)
-    expected_drops = must_drop(calls, bound)
+    expected_drops, snapshots_sent = must_drop(calls, bound)
     with _workspace("journal-overflow") as folder:
         journal = folder / "journal"
         endpoint = f"127.0.0.1:{_free_port()}"  # nothing listens there until the recorder starts on it
@@ -627,7 +631,7 @@ async def journal_overflow(calls: int = 10, *, bound: int = 1 << 20) -> FaultRes
         if journaled_bytes > bound:
             result.problems.append(f"the journal holds {journaled_bytes} bytes, over its bound of {bound}")
         emitted = expected_records(calls)
-        missing_snapshots = emitted[("snapshots", "")] - kept[("snapshots", "")]
+        missing_snapshots = snapshots_sent - kept[("snapshots", "")]
         if missing_snapshots != expected_drops:  # each big request carries one snapshot, nothing else does
             result.problems.append(f"{missing_snapshots} snapshots missing from the journal, {expected_drops} dropped")
         with RecorderProcess(folder / "recorder", listen=endpoint) as recorder:
