@@ -178,7 +178,7 @@ async def settle(endpoint: str) -> None:
     from steprec.query import RecorderClient
 
     for pipeline in list(_pipelines.values()):
-        pipeline.provider.force_flush(30_000)
+        pipeline.force_flush(30_000)
     async with RecorderClient(endpoint, timeout_seconds=120) as client:
         await client.list_runs(conversation_id="settle")  # a read waits until all acknowledged is applied
 

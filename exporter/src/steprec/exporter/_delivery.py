@@ -6,6 +6,9 @@ memory in emit order until something journals them: a hook that needs them
 durable (`journal`), a full batch, a short linger, or a barrier. Each journal
 frame is one encoded OTLP request; the delivery thread sends the journal's
 frames in order, many per Export, and the recorder's acknowledgement trims it.
+Frames nobody waits for linger too, so an agent journaling three times a step
+sends one Export per linger, not three per step: each Export costs the agent's
+process and the recorder CPU, and on a small machine they share it.
 
 A barrier ("every record emitted so far has been answered") is what the
 `acknowledged` mode and the run's registration and end wait on. When the
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import threading
 import time
 import weakref
@@ -91,6 +95,12 @@ class OrderedDeliveryProcessor:
         self._journaled = 0
         self._answered = 0
         self._frames: deque[_Frame] = deque()
+        self._wakes_at = 0.0
+        """When the delivery thread looks at the queue next (0: it is awake). Hooks wake it only if it
+        would sleep past when their records are due: a wake per hook cost the agent a thread switch."""
+        self._unsent_since: float | None = None
+        """When the oldest record of the journal's unsent frames was emitted; None: send at once (adopted
+        segments, a flush, frames left over from the last send)."""
         self._waiters: list[tuple[int, Future[Delivery]]] = []
         self._refusals: weakref.WeakKeyDictionary[Record, Refusal] = weakref.WeakKeyDictionary()
         self._refused_snapshots = 0
@@ -123,19 +133,20 @@ class OrderedDeliveryProcessor:
                 return
             if not self._pending:
                 self._pending_since = time.monotonic()
+                self._wake_by(self._pending_since + self._linger)
             self._pending.append(record)
             self._pending_bytes += len(record.data)
             self._emitted += 1
             if len(self._pending) >= self._max_batch or self._pending_bytes >= _MAX_BATCH_BYTES:
                 self._journal_pending()
-                self._cond.notify()
+                self._wake_by(self._send_after())
 
     def journal(self) -> Delivery:
         """Put every record emitted so far into the journal (one `write()`) and return: the records are
         then as durable as the disk, whatever happens to this process."""
         with self._cond:
             delivery = self._journal_pending()
-            self._cond.notify()
+            self._wake_by(self._send_after())
             return delivery
 
     def barrier(self) -> Future[Delivery]:
@@ -170,6 +181,7 @@ class OrderedDeliveryProcessor:
         with self._cond:
             failures = self._failures
             self._retry_after = 0.0
+            self._unsent_since = None
             self._cond.notify()
             while self._journal and self._failures == failures and time.monotonic() < deadline:
                 self._cond.wait(min(0.05, max(deadline - time.monotonic(), 0)))
@@ -186,6 +198,10 @@ class OrderedDeliveryProcessor:
 
     # -- under the lock ------------------------------------------------------------------------
 
+    def _wake_by(self, due: float) -> None:
+        if due < self._wakes_at:
+            self._cond.notify()
+
     def _journal_pending(self) -> Delivery:
         """Journal the pending records as one request; how the newest record emitted stands now."""
         if not self._pending:
@@ -195,6 +211,8 @@ class OrderedDeliveryProcessor:
         self._journaled = through
         end = self._journal.append(self._envelope.request([record.data for record in records]))
         if end is not None:
+            if self._unsent_since is None:
+                self._unsent_since = self._pending_since
             refs, names = [weakref.ref(record) for record in records], [record.event_name for record in records]
             self._frames.append(_Frame(end, refs, names, through))
             if self._failures and time.monotonic() < self._retry_after:
@@ -233,14 +251,24 @@ class OrderedDeliveryProcessor:
 
     # -- the delivery thread -------------------------------------------------------------------
 
+    def _send_after(self) -> float:
+        """When the journal's frames are due to be sent: at once if someone waits for them, at shutdown,
+        when they fill an Export, or when their time is unknown; else once the oldest has lingered."""
+        if self._waiters or self._closed or self._unsent_since is None:
+            return self._retry_after
+        if self._journal.pending_bytes() >= _MAX_BATCH_BYTES:
+            return self._retry_after
+        return max(self._retry_after, self._unsent_since + self._linger)
+
     def _wait_for_work(self) -> bool:
-        """Sleep until the journal has frames to send (journaling lingering records first); False at shutdown."""
+        """Sleep until the journal has frames due (journaling lingering records first); False at shutdown."""
         with self._cond:
             while True:
                 now = time.monotonic()
                 if self._pending and (self._waiters or self._closed or now - self._pending_since >= self._linger):
                     self._journal_pending()
-                if self._journal and (now >= self._retry_after or self._closed):
+                if self._journal and (now >= self._send_after() or self._closed):
+                    self._unsent_since = None  # frames journaled from now on linger afresh
                     return True
                 if self._closed:
                     return False
@@ -248,8 +276,11 @@ class OrderedDeliveryProcessor:
                 if self._pending:
                     timeouts.append(self._pending_since + self._linger - now)
                 if self._journal:
-                    timeouts.append(self._retry_after - now)
-                self._cond.wait(max(min(timeouts), 0.001) if timeouts else None)
+                    timeouts.append(self._send_after() - now)
+                timeout = max(min(timeouts), 0.001) if timeouts else None
+                self._wakes_at = now + timeout if timeout is not None else math.inf
+                self._cond.wait(timeout)
+                self._wakes_at = 0.0
 
     def _deliver_forever(self) -> None:
         while self._wait_for_work():
@@ -260,7 +291,9 @@ class OrderedDeliveryProcessor:
                 time.sleep(0.05)
 
     def _send_journal(self) -> None:
-        """Send journaled requests in order, up to 2 MiB per Export, until none is left or one fails."""
+        """Send the journaled requests that are due in order, up to 2 MiB per Export, until none is left, one
+        fails, or what is left was journaled during the sends (it lingers like any other: an agent
+        journaling faster than one Export takes would otherwise keep this loop sending one frame each)."""
         while True:
             with self._cond:
                 head = self._journal.peek(_MAX_BATCH_BYTES)
@@ -293,3 +326,5 @@ class OrderedDeliveryProcessor:
                 self._keep_refusals(sent, outcome.refusals)
                 self._journal.acknowledge(end)
                 self._settle(through, Delivery.ACKNOWLEDGED)
+                if time.monotonic() < self._send_after():
+                    return

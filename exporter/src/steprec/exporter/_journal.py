@@ -129,7 +129,7 @@ class Journal:
         """Release every segment; a fully acknowledged own segment is removed, any other stays for adoption."""
         for segment in list(self._segments):
             if segment.ends:
-                segment.lock.close()
+                segment.release()
             else:
                 self._retire(segment)
         if self._writer is not None:

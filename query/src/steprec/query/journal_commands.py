@@ -84,7 +84,7 @@ def _push(options: argparse.Namespace) -> int:
             else:
                 segment.remove()
         finally:
-            segment.lock.close()
+            segment.release()
     print(f"pushed {frames} frame(s) of {len(segments)} segment(s) to {options.endpoint}; {refused} record(s) "
           f"refused; {live} segment(s) of live processes left alone")  # fmt: skip
     return 0

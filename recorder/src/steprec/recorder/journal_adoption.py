@@ -93,7 +93,7 @@ class JournalAdopter:
                 delivered += await self._deliver(segment)
             except StoreUnavailable as error:
                 logger.warning("journal %s waits: the store cannot write (%s)", segment.path, error)
-                segment.lock.close()
+                segment.release()
             except Exception:
                 logger.exception("journal %s could not be adopted; set aside", segment.path)
                 segment.set_aside()
