@@ -55,6 +55,26 @@ async def test_a_run_with_the_recorder_down_finishes_and_is_delivered_later(tmp_
         await _assert_complete_trail(endpoint, "conv-down", calls=3)
 
 
+async def test_shutdown_with_the_recorder_down_ends_the_delivery_thread_and_keeps_the_journal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After shutdown a failing recorder is not retried into a closed journal: the thread ends, and the
+    segment stays for the recorder, a later process or `steprec journal push` to adopt."""
+    import threading
+
+    endpoint = f"127.0.0.1:{_free_port()}"
+    agent = echo_agent(endpoint, calls=1, journal_dir=tmp_path / "journal")
+    await agent.run("go", conversation_id="conv-closed")
+    with caplog.at_level(logging.WARNING):
+        started = time.monotonic()
+        shutdown_pipelines()
+        assert time.monotonic() - started < 4, "shutdown waited out the delivery thread's join timeout"
+        time.sleep(0.3)
+    assert not [t for t in threading.enumerate() if t.name == "steprec-delivery"]
+    assert "delivery failed unexpectedly" not in caplog.text
+    assert list((tmp_path / "journal").glob("journal-*.log"))
+
+
 async def test_a_later_process_delivers_what_a_killed_one_journaled(tmp_path: Path) -> None:
     endpoint = f"127.0.0.1:{_free_port()}"
     journal = tmp_path / "journal"

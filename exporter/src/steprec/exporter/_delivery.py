@@ -267,11 +267,13 @@ class OrderedDeliveryProcessor:
                 now = time.monotonic()
                 if self._pending and (self._waiters or self._closed or now - self._pending_since >= self._linger):
                     self._journal_pending()
-                if self._journal and (now >= self._send_after() or self._closed):
+                if self._closed:
+                    # Send what is left until the recorder fails once: then the journal keeps it for the
+                    # next process or the recorder to adopt, and nothing retries into a closed journal.
+                    return bool(self._journal) and not self._failures
+                if self._journal and now >= self._send_after():
                     self._unsent_since = None  # frames journaled from now on linger afresh
                     return True
-                if self._closed:
-                    return False
                 timeouts = []
                 if self._pending:
                     timeouts.append(self._pending_since + self._linger - now)
