@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -60,8 +61,6 @@ async def test_shutdown_with_the_recorder_down_ends_the_delivery_thread_and_keep
 ) -> None:
     """After shutdown a failing recorder is not retried into a closed journal: the thread ends, and the
     segment stays for the recorder, a later process or `steprec journal push` to adopt."""
-    import threading
-
     endpoint = f"127.0.0.1:{_free_port()}"
     agent = echo_agent(endpoint, calls=1, journal_dir=tmp_path / "journal")
     await agent.run("go", conversation_id="conv-closed")

@@ -254,9 +254,12 @@ class OrderedDeliveryProcessor:
     def _send_after(self) -> float:
         """When the journal's frames are due to be sent: at once if someone waits for them, at shutdown,
         when they fill an Export, or when their time is unknown; else once the oldest has lingered."""
-        if self._waiters or self._closed or self._unsent_since is None:
-            return self._retry_after
-        if self._journal.pending_bytes() >= _MAX_BATCH_BYTES:
+        if (
+            self._waiters
+            or self._closed
+            or self._unsent_since is None
+            or self._journal.pending_bytes() >= _MAX_BATCH_BYTES
+        ):
             return self._retry_after
         return max(self._retry_after, self._unsent_since + self._linger)
 
@@ -271,14 +274,14 @@ class OrderedDeliveryProcessor:
                     # Send what is left until the recorder fails once: then the journal keeps it for the
                     # next process or the recorder to adopt, and nothing retries into a closed journal.
                     return bool(self._journal) and not self._failures
-                if self._journal and now >= self._send_after():
-                    self._unsent_since = None  # frames journaled from now on linger afresh
-                    return True
                 timeouts = []
+                if self._journal:
+                    if now >= (send_at := self._send_after()):
+                        self._unsent_since = None  # frames journaled from now on linger afresh
+                        return True
+                    timeouts.append(send_at - now)
                 if self._pending:
                     timeouts.append(self._pending_since + self._linger - now)
-                if self._journal:
-                    timeouts.append(self._send_after() - now)
                 timeout = max(min(timeouts), 0.001) if timeouts else None
                 self._wakes_at = now + timeout if timeout is not None else math.inf
                 self._cond.wait(timeout)
