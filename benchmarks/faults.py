@@ -33,7 +33,7 @@ from typing import Any
 
 from steprec.exporter import StepRecorder, shutdown_pipelines
 from steprec.query import RecorderClient
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from benchmarks.common import (
     Outcome,

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 from steprec.query import RecorderClient
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from benchmarks.common import Outcome, Spread, Target, Workspace, percentile, progress, targets_table
 from benchmarks.load import step_events_request
@@ -27,7 +27,9 @@ RECORDS_PER_REQUEST = 512
 SENDERS = (1, 4)
 FULL = {"repeats": 3, "requests": 120}
 QUICK = {"repeats": 2, "requests": 40}
-TARGET_RECORDS_PER_SECOND = 40_000
+TARGET_RECORDS_PER_SECOND = 60_000
+TARGET_ISSUE = 19
+"""Issue 4 asked 40,000 records/s of these synthetic events; issue 19 raised it to 60,000."""
 EXPORT = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 
 
@@ -112,7 +114,7 @@ def targets(data: dict[str, Any]) -> list[Target]:
     best = {key: max(spreads(row)[key].median for row in data["rows"]) for key in ("acknowledged", "applied")}
     return [
         Target(
-            4,
+            TARGET_ISSUE,
             f"at least {TARGET_RECORDS_PER_SECOND:,} records/s end to end",
             f"{best['acknowledged']:,.0f} acknowledged, {best['applied']:,.0f} applied to DuckDB (best median)",
             best["applied"] >= TARGET_RECORDS_PER_SECOND,

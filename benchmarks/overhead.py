@@ -33,8 +33,8 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from pydantic_ai_harness.step_persistence import FileStepStore, InMemoryStepStore, SqliteStepStore, StepPersistence
 from steprec.exporter import StepRecorder, shutdown_pipelines
-from steprec.recorder.process import RecorderProcess
-from steprec.recorder.server import DATABASE_NAME
+from steprec.recorder.daemon.process import RecorderProcess
+from steprec.recorder.daemon.server import DATABASE_NAME
 
 from benchmarks.common import (
     TOOL_RETURN_CHARS,

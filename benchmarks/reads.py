@@ -49,11 +49,11 @@ from steprec.proto import wire
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.query import RecorderClient, continue_run
 from steprec.query import client as query_client
-from steprec.recorder import query_service
-from steprec.recorder.process import RecorderProcess
-from steprec.recorder.server import DATABASE_NAME
-from steprec.recorder.sql import UNLIMITED
-from steprec.recorder.store import DuckDBStore, skip_pandas_lookups
+from steprec.recorder.daemon.process import RecorderProcess
+from steprec.recorder.daemon.server import DATABASE_NAME
+from steprec.recorder.querier import query_service
+from steprec.recorder.querier.sql import UNLIMITED
+from steprec.recorder.store.store import DuckDBStore, skip_pandas_lookups
 
 from benchmarks.common import (
     LongRun,

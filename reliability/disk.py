@@ -22,7 +22,7 @@ import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from steprec.exporter import shutdown_pipelines
 from steprec.query import RecorderClient
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from benchmarks.load import step_events_request
 from tests.agents import echo_agent

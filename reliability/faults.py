@@ -44,7 +44,7 @@ from steprec.proto.framing import read_frames
 from steprec.proto.journal import SEGMENT_GLOB
 from steprec.proto.journal import status as journal_status
 from steprec.query import RecorderClient
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from tests.crash_agent import KILL_POINTS, Started, report, start
 

@@ -81,7 +81,7 @@ class Target:
     """The recorder under fuzz, with its channel and the good records sent to it; restarted if it dies."""
 
     def __init__(self, folder: Path) -> None:
-        from steprec.recorder.process import RecorderProcess
+        from steprec.recorder.daemon.process import RecorderProcess
 
         from tests.test_hostile_ingest import GoodRecords
 
@@ -278,8 +278,8 @@ def _atheris_child(runs: int, folder: str) -> None:
 
     import atheris
 
-    with atheris.instrument_imports(include=["steprec.recorder.decode"]):
-        from steprec.recorder.decode import Lineage, decode_request
+    with atheris.instrument_imports(include=["steprec.recorder.ingest.decode"]):
+        from steprec.recorder.ingest.decode import Lineage, decode_request
     from google.protobuf.message import DecodeError
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st

@@ -659,7 +659,7 @@ def slow_recorder(
     delay drops to zero and the agent process exits normally; its exit flush
     delivers what is left. Every record it sent must then be stored exactly once.
     """
-    from steprec.recorder.process import RecorderProcess
+    from steprec.recorder.daemon.process import RecorderProcess
 
     name = "slow-recorder"
     journal = folder / "journal"
@@ -822,7 +822,7 @@ def soak(
     enough for each part to fill within the run, so the samples show where its memory levels off.
     Afterwards every record each process sent is counted in the recorder.
     """
-    from steprec.recorder.process import RecorderProcess
+    from steprec.recorder.daemon.process import RecorderProcess
 
     names = [f"soak-agent-{i}" for i in range(agents)]
     options = (

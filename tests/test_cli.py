@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from steprec.query import RecorderClient
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from .agents import echo_agent
 

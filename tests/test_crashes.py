@@ -12,7 +12,7 @@ from pathlib import Path
 
 from steprec.exporter import shutdown_pipelines
 from steprec.query import RecorderClient
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from .agents import echo_agent
 

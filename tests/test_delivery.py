@@ -17,7 +17,7 @@ import pytest
 from steprec.exporter import shutdown_pipelines
 from steprec.exporter._journal import Journal
 from steprec.query import RecorderClient
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from .agents import echo_agent
 

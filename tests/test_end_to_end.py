@@ -10,7 +10,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
 from pydantic_ai.models.function import FunctionModel
 from steprec.exporter import StepRecorder
 from steprec.query import RecorderClient, continue_run, fork_run
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from . import resume_agent
 from .agents import calls_tool_then_answers, echo_agent, tool_returns

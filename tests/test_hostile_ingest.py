@@ -31,8 +31,8 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeL
 from steprec.proto import wire
 from steprec.proto.framing import encode_frame, read_frames
 from steprec.query import SyncRecorderClient
-from steprec.recorder.media import LITERAL, MARKER, URI_PREFIX
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
+from steprec.recorder.store.media import LITERAL, MARKER, URI_PREFIX
 
 EXPORT = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 DEADLINE = 30.0

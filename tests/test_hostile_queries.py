@@ -34,11 +34,11 @@ from steprec.proto.admin.v1 import admin_pb2
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.query import SyncRecorderClient
-from steprec.recorder.auth import ReadableRequests
-from steprec.recorder.media import URI_PREFIX
-from steprec.recorder.process import RecorderProcess
-from steprec.recorder.query_service import RecorderQuery
-from steprec.recorder.store import DuckDBStore
+from steprec.recorder.daemon.auth import ReadableRequests
+from steprec.recorder.daemon.process import RecorderProcess
+from steprec.recorder.querier.query_service import RecorderQuery
+from steprec.recorder.store.media import URI_PREFIX
+from steprec.recorder.store.store import DuckDBStore
 
 from .test_hostile_ingest import (
     DEADLINE,

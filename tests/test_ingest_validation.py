@@ -8,7 +8,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 from steprec.proto import wire
 from steprec.query import RecorderClient
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 
 def _record(event_name: str, **attributes: object) -> LogRecord:

@@ -23,7 +23,7 @@ from steprec.exporter._journal import Journal
 from steprec.exporter._otlp import RequestEnvelope
 from steprec.proto.framing import append_frame
 from steprec.query import RecorderClient
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from . import resume_agent
 from .agents import echo_agent, tool_returns

@@ -9,7 +9,7 @@ from pydantic_ai.messages import ModelResponse, TextPart, UserPromptPart
 from pydantic_ai.models.function import FunctionModel
 from steprec.exporter import StepRecorder
 from steprec.query import RecorderClient, continue_run
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 
 async def test_a_50_mb_image_round_trips_without_raising_the_grpc_cap(

@@ -20,8 +20,8 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import FunctionModel
 from steprec.exporter import StepRecorder, shutdown_pipelines
 from steprec.query import RecorderClient, continue_run
-from steprec.recorder.media import MARKER, LocalMediaStore, MediaCodec
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
+from steprec.recorder.store.media import MARKER, LocalMediaStore, MediaCodec
 
 
 def _json(messages) -> bytes:

@@ -17,7 +17,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, TextPa
 from pydantic_ai.models.function import FunctionModel
 from steprec.exporter import StepRecorder, shutdown_pipelines
 from steprec.query import RecorderClient, continue_run
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 
 @pytest.fixture

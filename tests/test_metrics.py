@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from steprec.exporter import shutdown_pipelines
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from .agents import echo_agent
 

@@ -24,7 +24,7 @@ from pydantic_ai.models.test import TestModel
 from pydantic_ai.run import AgentRunResult
 from steprec.exporter import SnapshotSaved, StepRecorder, annotate_tool_effect
 from steprec.query import RecorderClient, continue_run
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from .agents import calls_tool_then_answers, echo_agent, tool_returns
 

@@ -13,7 +13,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from steprec.exporter import StepRecorder
 from steprec.query import RecorderClient, continue_run
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from .agents import calls_tool_then_answers, echo_agent
 

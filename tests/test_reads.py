@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from steprec.query import RecorderClient, SyncRecorderClient, inspect_recovery
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from .agents import echo_agent
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import duckdb
 import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
-from steprec.recorder.process import RecorderProcess
-from steprec.recorder.store import DuckDBStore
-from steprec.recorder.wal import WriteAheadLog
+from steprec.recorder.daemon.process import RecorderProcess
+from steprec.recorder.store.store import DuckDBStore
+from steprec.recorder.store.wal import WriteAheadLog
 
 from benchmarks.load import step_events_request
 

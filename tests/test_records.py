@@ -15,7 +15,7 @@ from steprec.exporter._history import answer_calls
 from steprec.exporter._otlp import RequestEnvelope
 from steprec.exporter._snapshots import SnapshotEncoder
 from steprec.proto import wire
-from steprec.recorder.decode import SnapshotRecord, StepEventRecord, ToolEffectRecord, decode_request
+from steprec.recorder.ingest.decode import SnapshotRecord, StepEventRecord, ToolEffectRecord, decode_request
 
 SCOPE = _records.RunScope("run-1", "conv-1", "parent-1", "agent-a", {"team": "blue"})
 

@@ -22,10 +22,10 @@ from steprec.proto import wire
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.query import SyncRecorderClient
-from steprec.recorder.process import RecorderProcess
-from steprec.recorder.sql import QueryLimits, SqlTimeout
-from steprec.recorder.store import DuckDBStore
-from steprec.recorder.tree import HOP_LIMIT
+from steprec.recorder.daemon.process import RecorderProcess
+from steprec.recorder.querier.sql import QueryLimits, SqlTimeout
+from steprec.recorder.store.store import DuckDBStore
+from steprec.recorder.store.tree import HOP_LIMIT
 
 from .test_hostile_ingest import export, int_value, log_record, request_bytes, string_value
 from .test_store import _event, drop_columns

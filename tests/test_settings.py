@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from steprec.recorder.allocators import SETTINGS
-from steprec.recorder.settings import add_arguments, resolve
+from steprec.recorder.daemon.allocators import SETTINGS
+from steprec.recorder.daemon.settings import add_arguments, resolve
 
 
 def _resolve(args: list[str], environ: dict[str, str] | None = None) -> dict:

@@ -23,9 +23,9 @@ from steprec.exporter import StepRecorder
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.query import RecorderClient, truncated
 from steprec.query.sql_commands import EXPORT_TABLES
-from steprec.recorder.process import RecorderProcess
-from steprec.recorder.query_service import encoded_arrow_chunks
-from steprec.recorder.sql import EXPORTS
+from steprec.recorder.daemon.process import RecorderProcess
+from steprec.recorder.querier.query_service import encoded_arrow_chunks
+from steprec.recorder.querier.sql import EXPORTS
 
 from .agents import tool_returns
 from .crash_agent import eventually, spawn

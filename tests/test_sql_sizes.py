@@ -9,8 +9,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from steprec.recorder import sql_sizes
-from steprec.recorder.sql import SqlRefused, check_query
+from steprec.recorder.querier import sql_sizes
+from steprec.recorder.querier.sql import SqlRefused, check_query
 
 from .test_hostile_queries import AMPLIFIERS
 

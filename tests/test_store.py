@@ -8,9 +8,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from steprec.recorder import store as store_module
-from steprec.recorder.decode import Lineage, SnapshotRecord, StepEventRecord, ToolEffectRecord
-from steprec.recorder.store import DuckDBStore
+from steprec.recorder.ingest.decode import Lineage, SnapshotRecord, StepEventRecord, ToolEffectRecord
+from steprec.recorder.store import store as store_module
+from steprec.recorder.store.store import DuckDBStore
 
 
 def _lineage(run_id: str = "run-1", key: str | None = None, index: int = 0, step: int = 0) -> Lineage:
@@ -323,7 +323,7 @@ def test_a_run_keeps_one_ending_its_latest_however_often_and_whenever_it_ends(tm
 
 def _descendant_outcomes(store: DuckDBStore, run_id: str) -> list[tuple[str, str]]:
     import pyarrow as pa
-    from steprec.recorder.sql import UNLIMITED
+    from steprec.recorder.querier.sql import UNLIMITED
 
     table = pa.ipc.open_stream(b"".join(store.descendants(run_id, UNLIMITED))).read_all()
     return list(zip(table["run_id"].to_pylist(), table["outcome"].to_pylist(), strict=True))
@@ -388,7 +388,7 @@ def test_a_log_entry_of_the_first_format_still_ends_its_run(tmp_path: Path) -> N
     """Entries a recorder before schema 5 logged carry no `run_endings`: they come from their events."""
     import marshal
 
-    from steprec.recorder.batch import Batch, insert, to_arrow
+    from steprec.recorder.store.batch import Batch, insert, to_arrow
 
     path = tmp_path / "steprec.duckdb"
     store = DuckDBStore(path)
@@ -407,7 +407,7 @@ def test_a_log_entry_of_the_first_format_still_ends_its_run(tmp_path: Path) -> N
 
 
 def test_the_message_cache_is_bounded_and_keeps_what_was_used() -> None:
-    from steprec.recorder.message_cache import message_cache
+    from steprec.recorder.store.message_cache import message_cache
 
     eight = message_cache()
     for n in range(8):
@@ -463,7 +463,7 @@ def test_a_kept_snapshot_answer_follows_new_snapshots_retention_and_prunes(tmp_p
 
 
 def test_an_answer_found_while_its_run_changed_is_used_once_and_not_kept() -> None:
-    from steprec.recorder.snapshot_choices import SnapshotChoices
+    from steprec.recorder.store.snapshot_choices import SnapshotChoices
 
     choices, key = SnapshotChoices(max_tracked_runs=2), ("run-1", False, None)
 

@@ -9,10 +9,10 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from steprec.recorder import store as store_module
-from steprec.recorder.decode import MessageFragmentRecord
-from steprec.recorder.message_cache import message_cache
-from steprec.recorder.store import DuckDBStore
+from steprec.recorder.ingest.decode import MessageFragmentRecord
+from steprec.recorder.store import store as store_module
+from steprec.recorder.store.message_cache import message_cache
+from steprec.recorder.store.store import DuckDBStore
 
 from .test_store import _event, _keyed_snapshot, _lineage, _message, _snapshot
 
@@ -109,7 +109,7 @@ def test_a_logged_request_duckdb_refuses_is_set_aside_and_the_recorder_goes_on(t
     store.close()
     # A log entry that was acknowledged but cannot be applied (written by a buggy or other version):
     # before, every start failed on it and the recorder could never serve again.
-    from steprec.recorder.wal import WriteAheadLog
+    from steprec.recorder.store.wal import WriteAheadLog
 
     log = WriteAheadLog(tmp_path / "wal")
     log.append(b"not a batch")
@@ -157,7 +157,7 @@ def test_message_json_nested_too_deep_is_refused_not_a_failed_request() -> None:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
     from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
     from steprec.proto import wire
-    from steprec.recorder.decode import decode_request
+    from steprec.recorder.ingest.decode import decode_request
 
     # 900 levels parse, but media offloading in the store then recursed past Python's limit and the
     # whole request failed with "could not commit" (found by the fuzz run).

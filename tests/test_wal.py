@@ -10,8 +10,8 @@ import textwrap
 from pathlib import Path
 
 from steprec.proto.framing import encode_frame, open_for_append, read_frames
-from steprec.recorder.store import DuckDBStore
-from steprec.recorder.wal import WriteAheadLog
+from steprec.recorder.store.store import DuckDBStore
+from steprec.recorder.store.wal import WriteAheadLog
 
 
 def test_a_torn_last_frame_is_ignored_and_cut_before_appending(tmp_path: Path) -> None:
@@ -34,7 +34,7 @@ def test_a_corrupt_frame_stops_reading(tmp_path: Path) -> None:
 
 
 def test_segments_rotate_and_applied_ones_are_released(tmp_path: Path, monkeypatch) -> None:
-    from steprec.recorder import wal as wal_module
+    from steprec.recorder.store import wal as wal_module
 
     monkeypatch.setattr(wal_module, "ROTATE_BYTES", 10)
     log = WriteAheadLog(tmp_path)
@@ -51,7 +51,7 @@ def test_segments_rotate_and_applied_ones_are_released(tmp_path: Path, monkeypat
 def test_segments_rotate_under_steady_load_when_something_is_always_pending(tmp_path: Path, monkeypatch) -> None:
     # The applier never finds everything applied while requests keep arriving; rotating only then
     # let one segment grow without end (by 0.5 MiB/s, 194 MiB after 400 s of the soak).
-    from steprec.recorder import wal as wal_module
+    from steprec.recorder.store import wal as wal_module
 
     monkeypatch.setattr(wal_module, "ROTATE_BYTES", 100)
     log = WriteAheadLog(tmp_path)
@@ -70,7 +70,7 @@ def test_acknowledged_requests_survive_sigkill_before_they_are_applied(tmp_path:
         f"""
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from steprec.recorder import store as store_module
+        from steprec.recorder.store import store as store_module
         store_module.APPLY_LINGER_SECONDS = 3600
         store_module.APPLY_BATCH_ENTRIES = 10**9
         from tests.test_store import _event

@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack
 import pytest
 from pydantic_ai_harness.step_persistence import InMemoryStepStore
 from steprec.query import RecorderStepStore
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 StorePair = tuple[RecorderStepStore, InMemoryStepStore]
 

@@ -21,7 +21,7 @@ from pydantic_ai_harness.step_persistence import (
 )
 from steprec.query import RecorderClient, RecorderStepStore
 from steprec.query import continue_run as recorder_continue_run
-from steprec.recorder.process import RecorderProcess
+from steprec.recorder.daemon.process import RecorderProcess
 
 from ..agents import calls_tool_then_answers, tool_returns
 

@@ -1,5 +1,5 @@
 """The steprec recorder daemon: OTLP ingest into DuckDB, and the query service, on one gRPC port."""
 
-from .server import Recorder, ServeOptions, serve
+from .daemon.server import Recorder, ServeOptions, serve
 
 __all__ = ["Recorder", "ServeOptions", "serve"]

@@ -15,16 +15,16 @@ from grpc_reflection.v1alpha import reflection
 from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
 from steprec.proto.query.v1 import query_pb2
 
-from .admin_service import RecorderAdmin
+from ..ingest.journal_adoption import JournalAdopter, loopback_folders
+from ..ingest.otlp import LogsIngest
+from ..querier.admin_service import RecorderAdmin
+from ..querier.query_service import RecorderQuery
+from ..store.media import DEFAULT_THRESHOLD, open_media_store
+from ..store.message_cache import DEFAULT_CACHE_BYTES
+from ..store.run_state import DEFAULT_RUN_STATE_BYTES
+from ..store.store import DEFAULT_MEMORY_LIMIT_MIB, DuckDBStore, skip_pandas_lookups
 from .auth import ReadableRequests, TokenAuth
-from .ingest import LogsIngest
-from .journal_adoption import JournalAdopter, loopback_folders
-from .media import DEFAULT_THRESHOLD, open_media_store
-from .message_cache import DEFAULT_CACHE_BYTES
 from .metrics import serve_metrics
-from .query_service import RecorderQuery
-from .run_state import DEFAULT_RUN_STATE_BYTES
-from .store import DEFAULT_MEMORY_LIMIT_MIB, DuckDBStore, skip_pandas_lookups
 
 logger = logging.getLogger(__name__)
 

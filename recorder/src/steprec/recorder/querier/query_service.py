@@ -15,7 +15,8 @@ from steprec.proto import wire
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 
-from .media import MediaCorrupt, is_media_uri
+from ..store.media import MediaCorrupt, is_media_uri
+from ..store.store import DuckDBStore
 from .sql import (
     EXPORTS,
     TREE_TIMEOUT_SECONDS,
@@ -26,7 +27,6 @@ from .sql import (
     SqlTimeout,
     check_query,
 )  # fmt: skip
-from .store import DuckDBStore
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 _OUTCOMES = ("running", "completed", "failed")

@@ -8,7 +8,7 @@ import grpc
 from steprec.proto.admin.v1 import admin_pb2 as pb
 from steprec.proto.admin.v1 import admin_pb2_grpc
 
-from .store import DuckDBStore, StoreUnavailable
+from ..store.store import DuckDBStore, StoreUnavailable
 
 
 class RecorderAdmin(admin_pb2_grpc.RecorderAdminServicer):

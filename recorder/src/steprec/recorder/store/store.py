@@ -42,8 +42,8 @@ import pyarrow.compute as pc
 from steprec.proto import wire
 from steprec.proto.sized_cache import SizedCache
 
-from .batch import ENDING_KINDS, Batch, entry_parts, insert, to_arrow
-from .decode import (
+from ..daemon.metrics import MemoryUse, Metrics
+from ..ingest.decode import (
     Malformed,
     MessageFragmentRecord,
     Refusal,
@@ -52,14 +52,7 @@ from .decode import (
     StepRecord,
     ToolEffectRecord,
 )
-from .digests import DigestFilter
-from .media import DEFAULT_THRESHOLD, URI_PREFIX, LocalMediaStore, MediaCodec, MediaCorrupt, MediaStore
-from .message_cache import DEFAULT_CACHE_BYTES, message_cache
-from .metrics import MemoryUse, Metrics
-from .run_state import DEFAULT_RUN_STATE_BYTES, RunState, RunStates
-from .schema import migrate
-from .snapshot_choices import SnapshotChoices
-from .sql import (
+from ..querier.sql import (
     ANCESTORS,
     DESCENDANT_DEPTHS,
     DESCENDANTS,
@@ -72,6 +65,13 @@ from .sql import (
     install_views,
     lock_down,
 )
+from .batch import ENDING_KINDS, Batch, entry_parts, insert, to_arrow
+from .digests import DigestFilter
+from .media import DEFAULT_THRESHOLD, URI_PREFIX, LocalMediaStore, MediaCodec, MediaCorrupt, MediaStore
+from .message_cache import DEFAULT_CACHE_BYTES, message_cache
+from .run_state import DEFAULT_RUN_STATE_BYTES, RunState, RunStates
+from .schema import migrate
+from .snapshot_choices import SnapshotChoices
 from .tree import deeper_descendants, link, unlink
 from .wal import WriteAheadLog
 

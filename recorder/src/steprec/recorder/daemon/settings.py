@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .message_cache import DEFAULT_CACHE_BYTES
-from .run_state import DEFAULT_RUN_STATE_BYTES
+from ..store.message_cache import DEFAULT_CACHE_BYTES
+from ..store.run_state import DEFAULT_RUN_STATE_BYTES
 
 
 def listen_address(value: str) -> str:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
+from ..store.tree import LINKS, MAX_TREE_DEPTH
 from .sql_sizes import SizeCheck, SizeRefused
-from .tree import LINKS, MAX_TREE_DEPTH
 
 OUTCOME = "CASE {kind} WHEN 'run_completed' THEN 'completed' WHEN 'run_failed' THEN 'failed' ELSE 'running' END"
 """A run's outcome from the kind of its last run-ending event (NULL while it runs), the one `run_endings` row

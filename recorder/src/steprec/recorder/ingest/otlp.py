@@ -15,8 +15,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 
+from ..store.store import DuckDBStore, StoreUnavailable
 from .decode import Refusal, decode_request
-from .store import DuckDBStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
