@@ -37,8 +37,8 @@ from steprec.query import SyncRecorderClient
 from steprec.recorder.daemon.auth import ReadableRequests
 from steprec.recorder.daemon.process import RecorderProcess
 from steprec.recorder.querier.query_service import RecorderQuery
+from steprec.recorder.store.duckdb_store import DuckDBStore
 from steprec.recorder.store.media import URI_PREFIX
-from steprec.recorder.store.store import DuckDBStore
 
 from .test_hostile_ingest import (
     DEADLINE,

@@ -10,7 +10,7 @@ import duckdb
 import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from steprec.recorder.daemon.process import RecorderProcess
-from steprec.recorder.store.store import DuckDBStore
+from steprec.recorder.store.duckdb_store import DuckDBStore
 from steprec.recorder.store.wal import WriteAheadLog
 
 from benchmarks.load import step_events_request

@@ -24,7 +24,7 @@ from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.query import SyncRecorderClient
 from steprec.recorder.daemon.process import RecorderProcess
 from steprec.recorder.querier.sql import QueryLimits, SqlTimeout
-from steprec.recorder.store.store import DuckDBStore
+from steprec.recorder.store.duckdb_store import DuckDBStore
 from steprec.recorder.store.tree import HOP_LIMIT
 
 from .test_hostile_ingest import export, int_value, log_record, request_bytes, string_value

@@ -9,8 +9,8 @@ from pathlib import Path
 import duckdb
 import pytest
 from steprec.recorder.ingest.decode import Lineage, SnapshotRecord, StepEventRecord, ToolEffectRecord
-from steprec.recorder.store import store as store_module
-from steprec.recorder.store.store import DuckDBStore
+from steprec.recorder.store import write_path as write_path_module
+from steprec.recorder.store.duckdb_store import DuckDBStore
 
 
 def _lineage(run_id: str = "run-1", key: str | None = None, index: int = 0, step: int = 0) -> Lineage:
@@ -71,7 +71,7 @@ def test_a_second_registration_of_a_run_id_is_refused(store: DuckDBStore) -> Non
 
 
 def test_snapshot_deltas_rebuild_every_history(store: DuckDBStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "FULL_REFS_EVERY", 3)
+    monkeypatch.setattr(write_path_module, "FULL_REFS_EVERY", 3)
     messages = [_message(i) for i in range(12)]
     records = [_snapshot(0, messages[:2], base=None, keep=0, send=messages[:2])]
     for index in range(1, 6):
@@ -505,3 +505,48 @@ def test_only_message_text_and_reference_lists_are_stored_with_zstd(tmp_path: Pa
     connection.close()
     assert compression["messages.body"] == compression["snapshots.refs"] == "ZSTD"
     assert "ZSTD" not in compression["snapshots.run_id"] + compression["runs.run_id"] + compression["messages.digest"]
+
+
+def _first_snapshot(run_id: str, messages: list[str]) -> SnapshotRecord:
+    appended = tuple(_digest(m) for m in messages)
+    return SnapshotRecord(_lineage(run_id, key="0:0:complete"), 0, "complete", None, 0, appended, messages)
+
+
+def _message_rows(store: DuckDBStore) -> int:
+    with store.cursor() as cursor:
+        return cursor.execute("SELECT count(*) FROM messages").fetchone()[0]
+
+
+def test_a_message_many_runs_carry_is_stored_once_whether_logged_applied_or_only_in_the_file(tmp_path: Path) -> None:
+    # The stored-messages answer comes from the log's pending digests, from the memory of applied
+    # ones, or from DuckDB after a restart: each path must say "stored" and store nothing again.
+    shared = [_message(0), _message(1)]
+    store = DuckDBStore(tmp_path / "steprec.duckdb")
+    assert store.ingest([_first_snapshot("run-a", shared)]) == ([], 0)
+    assert store.ingest([_first_snapshot("run-b", shared)]) == ([], 0)  # still pending in the log
+    store.read_messages([_digest(shared[0])])  # waits until applied
+    assert store.ingest([_first_snapshot("run-c", shared + [_message(2)])]) == ([], 0)  # from the memory
+    store.close()
+    store = DuckDBStore(tmp_path / "steprec.duckdb")
+    try:
+        assert store.ingest([_first_snapshot("run-d", shared)]) == ([], 0)  # from the file
+        assert _message_rows(store) == 3
+        for run_id in ("run-a", "run-b", "run-c", "run-d"):
+            _, messages = store.read_snapshot(run_id, include_interrupted=False)
+            assert messages[:2] == shared
+    finally:
+        store.close()
+
+
+def test_after_prune_a_message_carried_again_is_stored_again(store: DuckDBStore) -> None:
+    # Prune deletes messages only pruned runs referred to: what the write path remembered as stored
+    # must be forgotten, or the next run carrying the message would refer to a missing body.
+    shared = [_message(0)]
+    store.ingest([_event("run_started", "0:0:run_started:", run_id="old", registration="r"),
+                  _first_snapshot("old", shared)])  # fmt: skip
+    store.read_messages([_digest(shared[0])])
+    assert store.prune(started_before_ns=2_000_000_000_000_000_000, conversation_id=None).messages == 1
+    assert _message_rows(store) == 0
+    assert store.ingest([_first_snapshot("new", shared)]) == ([], 0)
+    assert store.read_snapshot("new", include_interrupted=False)[1] == shared
+    assert _message_rows(store) == 1

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 from steprec.recorder.ingest.decode import MessageFragmentRecord
-from steprec.recorder.store import store as store_module
+from steprec.recorder.store import applier as applier_module
+from steprec.recorder.store import write_path as write_path_module
+from steprec.recorder.store.duckdb_store import DuckDBStore
 from steprec.recorder.store.message_cache import message_cache
-from steprec.recorder.store.store import DuckDBStore
 
 from .test_store import _event, _keyed_snapshot, _lineage, _message, _snapshot
 
@@ -43,7 +44,7 @@ def test_idle_runs_are_forgotten_and_their_replays_still_suppressed(tmp_path: Pa
         for n in range(100):
             store.ingest([_event("run_started", "0:0:run_started:", run_id=f"run-{n}", registration=f"reg-{n}")])
             store.cursor().close()  # applied, so the run is idle and may be forgotten
-        assert store._states.bytes <= budget and 5 < len(store._states) < 50
+        assert store._write.states.bytes <= budget and 5 < len(store._write.states) < 50
         # Run 0 was forgotten long ago; its replay and a second registration are judged from the database.
         refusals, suppressed = store.ingest(
             [
@@ -58,13 +59,13 @@ def test_idle_runs_are_forgotten_and_their_replays_still_suppressed(tmp_path: Pa
 
 
 def test_a_run_with_records_still_in_the_log_is_not_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "APPLY_LINGER_SECONDS", 3600)  # nothing is applied until a read
-    monkeypatch.setattr(store_module, "APPLY_BATCH_ENTRIES", 10**9)
+    monkeypatch.setattr(applier_module, "APPLY_LINGER_SECONDS", 3600)  # nothing is applied until a read
+    monkeypatch.setattr(applier_module, "APPLY_BATCH_ENTRIES", 10**9)
     store = DuckDBStore(tmp_path / "steprec.duckdb", run_state_bytes=5000)  # room for about 5
     try:
         for n in range(12):
             store.ingest([_event("model_request_started", f"k{n}", run_id=f"run-{n}")])
-        assert len(store._states) == 12  # none is applied yet: dropping one would forget its keys
+        assert len(store._write.states) == 12  # none is applied yet: dropping one would forget its keys
         store.ingest([_event("model_request_started", "k0", run_id="run-0")])
         assert [e["idempotency_key"] for e in store.list_events("run-0")] == ["k0"]
     finally:
@@ -84,7 +85,7 @@ def _fragments(text: str, pieces: int, run_id: str) -> list[MessageFragmentRecor
 def test_abandoned_large_messages_give_way_and_resume_from_the_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "MAX_ASSEMBLY_BYTES", 3000)
+    monkeypatch.setattr(write_path_module, "MAX_ASSEMBLY_BYTES", 3000)
     store = DuckDBStore(tmp_path / "steprec.duckdb")
     try:
         first = json.dumps({"kind": "request", "parts": [], "pad": "a" * 2000})
@@ -188,9 +189,9 @@ def test_run_states_stay_within_their_memory_budget_however_many_keys_a_run_hold
                     for i in range(200)
                 ])  # fmt: skip
             store.cursor().close()  # applied, so the run is idle and may be forgotten
-        assert store._states.bytes <= budget
-        assert _deep_size(store._states, set()) <= budget
-        assert 1 < len(store._states) < 12
+        assert store._write.states.bytes <= budget
+        assert _deep_size(store._write.states, set()) <= budget
+        assert 1 < len(store._write.states) < 12
         # The first run was forgotten; its replay is still suppressed, judged from the database.
         assert store.ingest([_event("model_request_started", "0:0", run_id="load-0")]) == ([], 1)
     finally:
@@ -205,7 +206,7 @@ def test_a_run_state_measures_what_it_holds(tmp_path: Path) -> None:
             store.ingest([_event("model_request_started", f"{request}:{i}:é", index=i) for i in range(100)])
         messages = [_message(i) for i in range(40)]
         store.ingest([_keyed_snapshot(i, f"{i}:{i}:complete", messages[: i + 1]) for i in range(40)])
-        state = store._states.get("run-1")
+        state = store._write.states.get("run-1")
         assert state is not None
         held = _deep_size(state, set())
         assert 0.95 * held <= state.memory_bytes() <= 1.05 * held

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 from steprec.proto.framing import encode_frame, open_for_append, read_frames
-from steprec.recorder.store.store import DuckDBStore
+from steprec.recorder.store.duckdb_store import DuckDBStore
 from steprec.recorder.store.wal import WriteAheadLog
 
 
@@ -70,11 +70,12 @@ def test_acknowledged_requests_survive_sigkill_before_they_are_applied(tmp_path:
         f"""
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from steprec.recorder.store import store as store_module
-        store_module.APPLY_LINGER_SECONDS = 3600
-        store_module.APPLY_BATCH_ENTRIES = 10**9
+        from steprec.recorder.store import applier, duckdb_store
+        applier.APPLY_LINGER_SECONDS = 3600
+        applier.APPLY_BATCH_ENTRIES = 10**9
         from tests.test_store import _event
-        store = store_module.DuckDBStore(store_module.Path({str(tmp_path / "steprec.duckdb")!r}))
+        from pathlib import Path
+        store = duckdb_store.DuckDBStore(Path({str(tmp_path / "steprec.duckdb")!r}))
         for i in range(50):
             store.ingest([_event("model_request_started", f"k{{i}}", index=i)])
         print("acknowledged", flush=True)

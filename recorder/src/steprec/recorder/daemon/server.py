@@ -19,10 +19,11 @@ from ..ingest.journal_adoption import JournalAdopter, loopback_folders
 from ..ingest.otlp import LogsIngest
 from ..querier.admin_service import RecorderAdmin
 from ..querier.query_service import RecorderQuery
+from ..store.connection import DEFAULT_MEMORY_LIMIT_MIB, skip_pandas_lookups
+from ..store.duckdb_store import DuckDBStore
 from ..store.media import DEFAULT_THRESHOLD, open_media_store
 from ..store.message_cache import DEFAULT_CACHE_BYTES
 from ..store.run_state import DEFAULT_RUN_STATE_BYTES
-from ..store.store import DEFAULT_MEMORY_LIMIT_MIB, DuckDBStore, skip_pandas_lookups
 from .auth import ReadableRequests, TokenAuth
 from .metrics import serve_metrics
 

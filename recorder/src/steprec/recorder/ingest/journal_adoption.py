@@ -32,7 +32,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from steprec.proto.journal import FRAME_OVERHEAD, SEGMENT_GLOB, Segment, default_journal_dir, orphans
 
-from ..store.store import StoreUnavailable
+from ..store.applier import StoreUnavailable
 from .otlp import LogsIngest
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 
-from ..store.store import DuckDBStore, StoreUnavailable
+from ..store.applier import StoreUnavailable
+from ..store.duckdb_store import DuckDBStore
 from .decode import Refusal, decode_request
 
 logger = logging.getLogger(__name__)

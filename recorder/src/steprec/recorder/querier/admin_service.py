@@ -8,7 +8,8 @@ import grpc
 from steprec.proto.admin.v1 import admin_pb2 as pb
 from steprec.proto.admin.v1 import admin_pb2_grpc
 
-from ..store.store import DuckDBStore, StoreUnavailable
+from ..store.applier import StoreUnavailable
+from ..store.duckdb_store import DuckDBStore
 
 
 class RecorderAdmin(admin_pb2_grpc.RecorderAdminServicer):

@@ -15,8 +15,8 @@ from steprec.proto import wire
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 
+from ..store.duckdb_store import DuckDBStore
 from ..store.media import MediaCorrupt, is_media_uri
-from ..store.store import DuckDBStore
 from .sql import (
     EXPORTS,
     TREE_TIMEOUT_SECONDS,

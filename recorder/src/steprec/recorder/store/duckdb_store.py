@@ -1,0 +1,120 @@
+"""`DuckDBStore`: a steprec database in one DuckDB file, put together from its parts.
+
+The parts, in the order a record travels: the write path (`write_path.py`: validation against
+run state, staging, the write-ahead log), the applier (`applier.py`, writing through
+`duckdb_target.py`), the reads (`reads.py`) and prune (`prune.py`). This class opens the file,
+wires them together and closes them; it holds no logic of its own beyond that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+
+from ..daemon.metrics import MemoryUse, Metrics
+from ..ingest.decode import Refusal, StepRecord
+from ..querier.sql import install_views, lock_down
+from .applier import Applier
+from .connection import DEFAULT_MEMORY_LIMIT_MIB, fetch_one, open_database
+from .duckdb_target import DuckDBTarget
+from .media import DEFAULT_THRESHOLD, LocalMediaStore, MediaCodec, MediaStore
+from .message_cache import DEFAULT_CACHE_BYTES, message_cache
+from .prune import PruneResult, prune_runs
+from .reads import Reads
+from .run_state import DEFAULT_RUN_STATE_BYTES
+from .schema import migrate
+from .snapshot_choices import SnapshotChoices
+from .stored_messages import StoredMessages
+from .wal import WriteAheadLog
+from .write_path import WritePath, load_filter
+
+
+class DuckDBStore(Reads):
+    """A steprec database in one DuckDB file: `ingest`, the reads (`Reads`), `prune`, `close`."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        fsync: bool = False,
+        max_snapshots_per_run: int | None = None,
+        memory_limit_mib: int = DEFAULT_MEMORY_LIMIT_MIB,
+        media_threshold: int = DEFAULT_THRESHOLD,
+        media_store: MediaStore | None = None,
+        message_cache_bytes: int = DEFAULT_CACHE_BYTES,
+        run_state_bytes: int = DEFAULT_RUN_STATE_BYTES,
+    ) -> None:
+        self.path = path
+        self._connection = open_database(path, memory_limit_mib)
+        migrate(self._connection)
+        install_views(self._connection)
+        lock_down(self._connection)
+        self.metrics = Metrics()
+        self._media = MediaCodec(media_store or LocalMediaStore(path.parent / "media", fsync=fsync),
+                                 threshold=media_threshold)  # fmt: skip
+        bodies = message_cache(message_cache_bytes)
+        choices = SnapshotChoices()
+        self._choices = choices
+        self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
+        self._stored = StoredMessages(lambda: load_filter(self._connection, "SELECT digest FROM messages", bytes))
+        self._applier = Applier(DuckDBTarget(self._connection), self._wal, self._stored, self.metrics,
+                                on_snapshots_changed=choices.changed)  # fmt: skip
+        self._write = WritePath(
+            self._connection, self._wal, self._applier, self._stored, self._media, bodies,
+            run_state_bytes=run_state_bytes, max_snapshots_per_run=max_snapshots_per_run,
+        )  # fmt: skip
+        Reads.__init__(self, self._connection, self._applier, lambda: self._wal.last_sequence, self._media, bodies,
+                       choices)  # fmt: skip
+        self._bodies = bodies
+
+    def ingest(self, records: Iterable[StepRecord]) -> tuple[list[Refusal], int]:
+        """Log one request's records as one entry (`WritePath.ingest`); the refusals and replays suppressed."""
+        return self._write.ingest(records)
+
+    def prune(
+        self, *, started_before_ns: int | None, conversation_id: str | None, dry_run: bool = False
+    ) -> PruneResult:
+        """Remove whole runs (and their events, snapshots and tool effects), then unreferenced messages.
+
+        Holds the ingest lock for its duration and first waits until everything
+        acknowledged is applied, so it never races a write it cannot see.
+        """
+        if started_before_ns is None and conversation_id is None:
+            raise ValueError("prune needs an age or a conversation; refusing to remove every run")
+
+        def forget() -> None:  # every run's notion of which messages the store holds may be stale now
+            self._choices.changed_all()
+            self._write.states.clear()
+            self._stored.forget_applied()
+
+        with self._write.lock:
+            self._applier.wait_applied(self._wal.last_sequence, for_write=True)
+            with self._connection.cursor() as cursor:
+                return prune_runs(cursor, self._media.store, started_before_ns=started_before_ns,
+                                  conversation_id=conversation_id, dry_run=dry_run, on_committed=forget)  # fmt: skip
+
+    @property
+    def pending_entries(self) -> int:
+        return self._applier.pending_entries
+
+    def memory_use(self) -> MemoryUse:
+        """What each bounded memory holds now. Call it where ingest runs (the event loop): it reads ingest's state."""
+        return MemoryUse(
+            duckdb=int(fetch_one(self._connection, "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")),
+            message_cache=self._bodies.bytes,
+            message_cache_entries=self._bodies.entries,
+            run_state=self._write.states.bytes,
+            run_states=len(self._write.states),
+            assembly=sum(len(piece) for pieces in self._write.fragments.values() for piece in pieces.values()),
+            filters=self._stored.nbytes + self._write.run_ids.nbytes,
+            arrow=pa.total_allocated_bytes(),
+        )
+
+    def close(self) -> None:
+        """Apply everything acknowledged, then close the log and the database."""
+        self._applier.close()
+        with self._write.lock:
+            self._wal.close(applied=self._applier.applied)
+            self._connection.close()
