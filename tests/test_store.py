@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -488,7 +489,7 @@ def test_an_answer_found_while_its_run_changed_is_used_once_and_not_kept() -> No
 def test_only_message_text_and_reference_lists_are_stored_with_zstd(tmp_path: Path) -> None:
     path = tmp_path / "steprec.duckdb"
     store = DuckDBStore(path)
-    messages = [_message(i) * 20 for i in range(300)]
+    messages = [json.dumps({"kind": "request", "parts": [{"content": f"m{i} " * 60}]}) for i in range(300)]
     registered = StepEventRecord(_lineage(key="0:0:run_started:"), "run_started", None, None, None, {}, "reg", 2)
     store.ingest([registered] + [_keyed_snapshot(i, f"{i}:{i}:complete", messages[: i + 1]) for i in range(300)])
     store.close()  # a clean stop checkpoints: the rows are compressed now

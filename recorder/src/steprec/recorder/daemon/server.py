@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -30,6 +31,10 @@ from .metrics import serve_metrics
 logger = logging.getLogger(__name__)
 
 DATABASE_NAME = "steprec.duckdb"
+GC_THRESHOLDS = (20_000, 20, 20)
+"""CPython's collector runs its youngest generation every 700 allocations by default; a request of 512
+records allocates tens of thousands of objects, none in a cycle, so each request paid for dozens of
+collections. Fewer, as measured in docs/benchmarks.md ("Real agent traffic")."""
 SHUTDOWN_GRACE_SECONDS = 10.0
 
 
@@ -151,6 +156,8 @@ async def serve(options: ServeOptions) -> None:
     skip_pandas_lookups()
     recorder = Recorder(options)
     await recorder.start()
+    gc.freeze()  # what start-up loaded (modules, filters, state) stays out of every later collection
+    gc.set_threshold(*GC_THRESHOLDS)
     host = options.listen.rsplit(":", 1)[0]
     if options.metrics_listen:
         store = recorder.store

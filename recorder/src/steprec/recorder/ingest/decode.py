@@ -2,11 +2,17 @@
 
 This is the recorder's trust boundary: nothing past it sees protobuf, and
 every field a stranger could have got wrong has been checked here, with a
-reason a person can read. docs/wire-format.md is the contract.
+reason a person can read. docs/wire-format.md is the contract. One check is
+left to the write path, by design: whether a message body is a JSON object
+(`check_message_json`). A body is content-addressed, so one whose digest the
+store already holds is byte for byte one that passed the check when it was
+stored; parsing every body again was a sixth of the recorder's time under
+replayed real traffic, where most bodies are held already.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -28,6 +34,19 @@ MAX_JSON_DEPTH = 200
 """Nesting a message's JSON may have: far beyond any pydantic-ai message, and shallow enough that the
 store's recursive walks (media offloading) never meet Python's recursion limit, which failed a whole
 request with 'could not commit' (found by reliability/fuzz.py)."""
+
+
+def check_message_json(text: str, position: int) -> None:
+    """Refuse a message body that is not a JSON object nesting at most MAX_JSON_DEPTH deep."""
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise Malformed("bad_body", f"body.{wire.BODY_MESSAGES}[{position}] is not valid JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise Malformed("bad_body", f"body.{wire.BODY_MESSAGES}[{position}] must be a JSON object")
+    # Nesting cannot exceed the number of brackets: most bodies need no walk.
+    if text.count("{") + text.count("[") > MAX_JSON_DEPTH and _depth(parsed) > MAX_JSON_DEPTH:
+        raise Malformed("bad_body", f"body.{wire.BODY_MESSAGES}[{position}] nests deeper than {MAX_JSON_DEPTH}")
 
 
 def _depth(tree: object) -> int:
@@ -147,21 +166,37 @@ def _plain(value: AnyValue, *, depth: int = 0) -> object:
     return getattr(value, kind)
 
 
+@functools.lru_cache(maxsize=4096)
+def _is_run_id(text: str) -> bool:
+    """A run id's form, remembered for the ids seen lately: each record carries one or two."""
+    return bool(_RUN_ID.fullmatch(text)) and ".." not in text
+
+
 class _Fields:
-    """Typed access to one record's attributes, with errors that name the attribute."""
+    """Typed access to one record's attributes, with errors that name the attribute.
+
+    Each attribute's value is read out of protobuf once, as `(oneof, value)`: a record carries
+    about six and is asked for about twelve, most of them absent.
+    """
 
     def __init__(self, record: LogRecord) -> None:
-        self.values = {kv.key: kv.value for kv in record.attributes}
+        self.values: dict[str, tuple[str, object]] = {}
+        for kv in record.attributes:
+            value = kv.value
+            if (oneof := value.WhichOneof("value")) is not None:
+                self.values[kv.key] = (oneof, getattr(value, oneof))
+            else:
+                self.values.pop(kv.key, None)  # an empty value replaces an earlier one, as a later key does
 
     def _get(self, name: str, oneof: str, what: str, required: bool):
-        value = self.values.get(name)
-        if value is None or value.WhichOneof("value") is None:
+        found = self.values.get(name)
+        if found is None:
             if required:
                 raise Malformed("missing_attribute", f"attribute {name} is required")
             return None
-        if value.WhichOneof("value") != oneof:
-            raise Malformed("bad_attribute", f"attribute {name} must be {what}, got {value.WhichOneof('value')}")
-        return getattr(value, oneof)
+        if found[0] != oneof:
+            raise Malformed("bad_attribute", f"attribute {name} must be {what}, got {found[0]}")
+        return found[1]
 
     def text(self, name: str, *, required: bool = False) -> str | None:
         text = self._get(name, "string_value", "a string", required)
@@ -179,7 +214,7 @@ class _Fields:
 
     def run_id(self, name: str, *, required: bool = False) -> str | None:
         run_id = self.text(name, required=required)
-        if run_id is not None and (not _RUN_ID.fullmatch(run_id) or ".." in run_id):
+        if run_id is not None and not _is_run_id(run_id):
             raise Malformed(
                 "bad_run_id", f"attribute {name} {run_id[:80]!r} is not 1-200 of [A-Za-z0-9_.-] without '..'"
             )
@@ -208,9 +243,14 @@ def _lineage(index: int, record: LogRecord, fields: _Fields) -> Lineage:
         parent_run_id=fields.run_id(wire.PARENT_RUN_ID),
         agent_name=fields.text(wire.AGENT_NAME),
         idempotency_key=fields.text(wire.IDEMPOTENCY_KEY),
-        trace_id=record.trace_id.hex() if any(record.trace_id) else None,
-        span_id=record.span_id.hex() if any(record.span_id) else None,
+        trace_id=_hex_id(record.trace_id),
+        span_id=_hex_id(record.span_id),
     )
+
+
+def _hex_id(raw: bytes) -> str | None:
+    """A trace or span id as hex; None when unset (empty or all zero bytes, as OTLP means it)."""
+    return raw.hex() if raw.strip(b"\0") else None
 
 
 def _error_text(fields: _Fields) -> str | None:
@@ -252,15 +292,6 @@ def _snapshot(lineage: Lineage, fields: _Fields, body: dict[str, object]) -> Sna
     messages = body.get(wire.BODY_MESSAGES) or []
     if not isinstance(messages, list) or not all(isinstance(m, str) for m in messages):
         raise Malformed("bad_body", f"body.{wire.BODY_MESSAGES} must be a list of JSON strings")
-    for position, message in enumerate(messages):
-        try:
-            parsed = json.loads(message)
-        except (ValueError, RecursionError) as error:
-            raise Malformed("bad_body", f"body.{wire.BODY_MESSAGES}[{position}] is not valid JSON: {error}") from None
-        if not isinstance(parsed, dict):
-            raise Malformed("bad_body", f"body.{wire.BODY_MESSAGES}[{position}] must be a JSON object")
-        if _depth(parsed) > MAX_JSON_DEPTH:
-            raise Malformed("bad_body", f"body.{wire.BODY_MESSAGES}[{position}] nests deeper than {MAX_JSON_DEPTH}")
     keep = fields.integer(wire.SNAPSHOT_KEEP, required=True)
     base_index = fields.integer(wire.SNAPSHOT_BASE_INDEX)
     if keep and base_index is None:

@@ -58,24 +58,26 @@ class Batch:
     """Rows of one transaction, kept column-wise and written as one Arrow table per table."""
 
     def __init__(self) -> None:
-        self.columns = {table: {name: [] for name in columns} for table, columns in _COLUMNS.items()}
+        self.columns: dict[str, dict[str, list]] = {}
+        """The tables rows were added to (only those: most requests touch two or three of nine)."""
         self.assembled: list[bytes] = []
         """Digests whose fragments became a whole message in this batch; their pieces are deleted."""
         self.pruned: list[int] = []
         """`write_seq`s of snapshots retention dropped: their references are cleared, their keys kept."""
 
     def add(self, table: str, **values: object) -> None:
-        for name, column in self.columns[table].items():
+        if (columns := self.columns.get(table)) is None:
+            columns = self.columns[table] = {name: [] for name in _COLUMNS[table]}
+        for name, column in columns.items():
             column.append(values.get(name))
 
     def __bool__(self) -> bool:
-        return bool(self.pruned) or any(next(iter(columns.values())) for columns in self.columns.values())
+        return bool(self.pruned) or bool(self.columns)
 
     def encode(self) -> bytes:
         """A write-ahead log entry. `marshal` is the fastest codec for these plain values, and the
         log is the recorder's own owner-only, checksummed file, never input from outside."""
-        tables = {t: c for t, c in self.columns.items() if next(iter(c.values()))}
-        return marshal.dumps((tables, self.assembled, self.pruned, _FORMAT))
+        return marshal.dumps((self.columns, self.assembled, self.pruned, _FORMAT))
 
 
 def entry_parts(entry: bytes | Batch) -> tuple[dict[str, dict[str, list]], list[bytes], list[int]]:

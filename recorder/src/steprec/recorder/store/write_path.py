@@ -29,6 +29,7 @@ from ..ingest.decode import (
     StepEventRecord,
     StepRecord,
     ToolEffectRecord,
+    check_message_json,
 )
 from .applier import Applier, StoreUnavailable
 from .batch import ENDING_KINDS, Batch
@@ -43,8 +44,8 @@ from .wal import WriteAheadLog
 MAX_ASSEMBLY_BYTES = 1 << 30
 """Unfinished large messages the recorder holds in memory at most (1 GiB); the oldest give way."""
 
-Bodies = dict[bytes, tuple[str, int]]
-"""A snapshot's message bodies by digest, with their size in bytes."""
+Bodies = dict[bytes, tuple[str, int, int]]
+"""A snapshot's message bodies by digest, with their size in bytes and their place in `body.messages`."""
 
 
 def run_key(run_id: str) -> bytes:
@@ -74,9 +75,9 @@ def _json_object_text(data: bytes) -> str:
 
 def _bodies(record: SnapshotRecord) -> Bodies:
     bodies = {}
-    for text in record.messages:
+    for position, text in enumerate(record.messages):
         encoded = text.encode()
-        bodies[hashlib.sha256(encoded).digest()] = (text, len(encoded))
+        bodies[hashlib.sha256(encoded).digest()] = (text, len(encoded), position)
     return bodies
 
 
@@ -431,9 +432,12 @@ class WritePath:
             raise Malformed(
                 "unknown_message", f"snapshot references {len(unknown)} message(s) the recorder never received"
             )
-        for digest, (text, size) in bodies.items():
-            if digest not in state.known_digests and not request.holds(digest):
-                self._stage_message(request, digest, text, size)
+        new = [(digest, body) for digest, body in bodies.items() if digest not in state.known_digests
+               and not request.holds(digest)]  # fmt: skip
+        for _, (text, _, position) in new:  # all checked before any is staged: a refused snapshot stores none
+            check_message_json(text, position)
+        for digest, (text, size, _) in new:
+            self._stage_message(request, digest, text, size)
         # A run under retention stores whole reference lists: pruning then never breaks a chain.
         store_full = record.base_index is None or state.chain_depth + 1 >= FULL_REFS_EVERY or bool(state.max_snapshots)
         write_seq = self._seq()
