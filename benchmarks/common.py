@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import math
 import os
@@ -37,12 +38,18 @@ def payloads(steps: int) -> list[str]:
     return out
 
 
-def agent(tool_returns: list[str], capabilities: list[Any], on_step: Callable[[int], None] | None = None) -> Any:
+def agent(
+    tool_returns: list[str],
+    capabilities: list[Any],
+    on_step: Callable[[int], None] | None = None,
+    think_seconds: float = 0.0,
+) -> Any:
     """A FunctionModel agent that calls `fetch` once per step for len(tool_returns) steps, then answers.
 
     Responses carry usage, as a real model's do; without it FunctionModel estimates tokens over
     the whole history on every request, which would pad the baseline. `on_step(i)` is called as
-    the tool of step i starts.
+    the tool of step i starts. `think_seconds` is how long each model request takes (a real
+    model's latency spreads a run's records over time; without it a run is sent in few Exports).
     """
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -58,7 +65,11 @@ def agent(tool_returns: list[str], capabilities: list[Any], on_step: Callable[[i
             return ModelResponse(parts=[ToolCallPart("fetch", {"step": step})], usage=usage)
         return ModelResponse(parts=[TextPart("done")], usage=usage)
 
-    built = Agent(FunctionModel(model), capabilities=capabilities)
+    async def thinking_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        await asyncio.sleep(think_seconds)
+        return model(messages, info)
+
+    built = Agent(FunctionModel(thinking_model if think_seconds else model), capabilities=capabilities)
 
     @built.tool_plain
     def fetch(step: int) -> str:

@@ -53,7 +53,8 @@ from steprec.recorder.daemon.process import RecorderProcess
 from steprec.recorder.daemon.server import DATABASE_NAME
 from steprec.recorder.querier import query_service
 from steprec.recorder.querier.sql import UNLIMITED
-from steprec.recorder.store.store import DuckDBStore, skip_pandas_lookups
+from steprec.recorder.store.connection import skip_pandas_lookups
+from steprec.recorder.store.duckdb_store import DuckDBStore
 
 from benchmarks.common import (
     LongRun,

@@ -21,7 +21,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 TEMPLATE = ROOT / "benchmarks" / "template.md"
 DOCS = ROOT / "docs" / "benchmarks.md"
 IMAGES = ROOT / "docs" / "img"
-NAMES = ["overhead", "ingest", "reads", "faults"]
+NAMES = ["overhead", "ingest", "traffic", "reads", "faults"]
 
 
 def _jsonable(value: Any) -> Any:

@@ -14,7 +14,8 @@ re-executes itself inside that venv.
 
 Measurements (benchmarks/<name>.py, each `main(quick, workspace) -> Outcome`), run in this order
 because reads takes over the long agent runs overhead wrote:
-overhead (agent overhead and bytes on disk), ingest, reads, faults (delivery while the recorder is
+overhead (agent overhead and bytes on disk), ingest (synthetic), traffic (real agents' Exports replayed), reads,
+faults (delivery while the recorder is
 down and catching up). Each writes `benchmarks/results/<name>.md` and `<name>.json`; then
 benchmarks/report.py regenerates docs/benchmarks.md and its plots under docs/img/ from every
 saved result.
@@ -38,7 +39,7 @@ VENV = ROOT / ".venv-bench"
 PARTS = ["proto", "exporter", "query", "recorder"]
 REQUIREMENTS = ["pydantic-ai-harness==0.62.0", "matplotlib==3.11.2"]
 INPUTS = [ROOT / "pyproject.toml", *(ROOT / part / "pyproject.toml" for part in PARTS)]
-MEASUREMENTS = ["overhead", "ingest", "reads", "faults"]
+MEASUREMENTS = ["overhead", "ingest", "traffic", "reads", "faults"]
 STARTED = "STEPREC_BENCH_STARTED"
 
 

@@ -1065,16 +1065,11 @@ def slow_options(quick: bool) -> dict[str, Any]:
 
 
 def main(quick: bool = False) -> str:
-    """Run the slow-recorder and soak scenarios and return their markdown section."""
-    soak_seconds = QUICK_SOAK_SECONDS if quick else SOAK_SECONDS
+    """Run the slow-recorder scenario and return its markdown section (the soak is reliability/soak.py)."""
     with tempfile.TemporaryDirectory() as folder:
         slow = slow_recorder(Path(folder) / "slow", **slow_options(quick))
-        _progress(f"soak: {soak_seconds:,.0f} s")
-        soaked = soak(Path(folder) / "soak", seconds=soak_seconds)
     lines = [
-        "## Slow recorder and soak",
-        "",
-        "### Slow recorder",
+        "## Slow recorder",
         "",
         "One agent process records through a TCP proxy that delays every chunk the recorder sends "
         "(`DelayingProxy` in `reliability/load.py`): each acknowledgement arrives that much later, after the "
@@ -1085,26 +1080,7 @@ def main(quick: bool = False) -> str:
         "the timeout, for longer than the journal's longest re-send pause, so the journal drains while the agent runs.",
         "",
         *slow_recorder_section(slow),
-        "",
-        "### Soak",
-        "",
-        *soak_section(soaked),
     ]
     report = "\n".join(lines) + "\n"
     print(report, flush=True)
     return report
-
-
-def _child(role: str, arguments: str) -> None:
-    """Entry of the agent and load-generator processes (see `AgentProcess` and `_spawn_load`)."""
-    config = json.loads(arguments)
-    if role == "agent":
-        _AgentChild(config).serve()
-    elif role == "loadgen":
-        print(json.dumps(generate_load(**config).__dict__), flush=True)
-    else:
-        raise SystemExit(f"unknown role {role!r}")
-
-
-if __name__ == "__main__":
-    _child(*sys.argv[1:3])

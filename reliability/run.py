@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from dev import VENV, ensure_environment  # noqa: E402 - the one venv bootstrap, shared with the dev commands
 
-SCENARIOS = ["faults", "disk", "fuzz", "load"]  # each is reliability/<name>.py with `main(quick: bool) -> str`
+SCENARIOS = ["faults", "disk", "fuzz", "load", "soak"]  # each is reliability/<name>.py with `main(quick: bool) -> str`
 RESULTS = ROOT / "reliability" / "results"
 REPORT = ROOT / "docs" / "reliability.md"
 INTRO = """# Reliability
@@ -39,7 +39,7 @@ and a soak of several agents and a load generator together. Every scenario runs 
 127.0.0.1, nothing mocked, and cleans up after itself. The targets: no acknowledged record lost,
 none stored twice, no daemon crash or hang on any input.
 
-Reproduce every figure on this page with one command (about half an hour on 2 cores; the normal
+Reproduce every figure on this page with one command (about an hour on 2 cores, half of it the soak; the normal
 test suite runs a fast version of each scenario, `--quick` runs those sizes here):
 
 ```bash
