@@ -1084,3 +1084,18 @@ def main(quick: bool = False) -> str:
     report = "\n".join(lines) + "\n"
     print(report, flush=True)
     return report
+
+
+def _child(role: str, arguments: str) -> None:
+    """Entry of the agent and load-generator processes (see `AgentProcess` and `_spawn_load`)."""
+    config = json.loads(arguments)
+    if role == "agent":
+        _AgentChild(config).serve()
+    elif role == "loadgen":
+        print(json.dumps(generate_load(**config).__dict__), flush=True)
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+
+
+if __name__ == "__main__":
+    _child(*sys.argv[1:3])
