@@ -3,8 +3,11 @@
 pyarrow's allocator (mimalloc) gives freed pages back after 10 ms and DuckDB's (jemalloc) after 1 s, so a
 large read that follows a pause finds none of the memory the last one used and faults every page in again:
 a 100,000-run tree read 2.5 s after the previous one took about 5,000 page faults and 14 ms more than one
-right after it (measured; docs/benchmarks.md). A minute instead keeps the reads of one session warm, and a
-recorder left idle still gives its peak back.
+right after it (measured; docs/benchmarks.md). Ten seconds instead keeps the reads of one session warm, and a
+recorder left idle still gives its peak back. Not longer: a busy recorder's DuckDB frees memory all the time,
+and what jemalloc keeps grows with the time it keeps it. At a minute, the soak of docs/reliability.md held up
+to 140 MiB of freed DuckDB pages (jemalloc's resident less its active bytes), a quarter of its RSS. Pages past
+that time are given back at once (`muzzy_decay_ms:0`): "muzzy" pages would still count in RSS.
 
 Both allocators read these settings from the environment once, when their library loads, which is before any
 command runs: `RecorderProcess` starts the daemon with them, and `steprec serve` started without them starts
@@ -16,10 +19,10 @@ from __future__ import annotations
 import os
 import sys
 
-RETAIN_MS = 60_000
+RETAIN_MS = 10_000
 SETTINGS = {
     "MIMALLOC_PURGE_DELAY": str(RETAIN_MS),
-    "DUCKDB_JE_MALLOC_CONF": f"dirty_decay_ms:{RETAIN_MS},muzzy_decay_ms:{RETAIN_MS}",
+    "DUCKDB_JE_MALLOC_CONF": f"dirty_decay_ms:{RETAIN_MS},muzzy_decay_ms:0",
 }
 
 
