@@ -1038,11 +1038,11 @@ SOAK_GAUGES = {
     "write-ahead log on disk (`steprec_wal_bytes`)": "steprec_wal_bytes",
 }
 """The parts of the recorder's memory budget the soak reports tenth by tenth, and its log on disk."""
-QUICK_SOAK_SECONDS = 8.0
-SOAK_SECONDS = 1800.0
 STATED_FIXED_MIB = 225 + 32 + 5 + 40 + 4
 """The parts of docs/storage.md's memory budget no flag sets: code and libraries (225), snapshots read lately
 (32), snapshot choices (5), digests known stored (40), the two Bloom filters at their least (4)."""
+QUICK_SOAK_SECONDS = 8.0
+SOAK_SECONDS = 1800.0
 """Long enough for the recorder's memory budget to fill and show where RSS levels off: the soak's
 32 MiB message cache and 64 MiB of run state are full after about 170 s (its own gauges, in a
 420 s run); DuckDB's 128 MiB fill more slowly, as reads touch more of the growing file's pages
