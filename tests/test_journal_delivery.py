@@ -238,13 +238,18 @@ async def test_journal_status_and_push_deliver_a_dead_agents_journal_by_hand(tmp
     assert not segment["owner_alive"] and segment["unsent_frames"] >= 1
     assert _steprec("journal", "push", str(journal), "--endpoint", endpoint).returncode == 4  # nobody listens
     assert _steprec("journal", "status", str(tmp_path / "missing")).returncode == 2
+    foreign = _segment(journal, _registration("run-pushed-before-foreign"), b"\xff\xfe not a protobuf message")
     with RecorderProcess(tmp_path / "recorder", listen=endpoint):  # it does not adopt `journal` by itself
         pushed = _steprec("journal", "push", str(journal), "--endpoint", endpoint)
         assert pushed.returncode == 0 and "pushed" in pushed.stdout, pushed.stderr
-        assert not list(journal.glob("journal-*.log"))
+        assert f"{foreign.name}: the frame at byte" in pushed.stdout and "not an OTLP request" in pushed.stdout
+        assert not list(journal.glob("journal-*.log")) and (journal / "rejected" / foreign.name).exists()
         async with RecorderClient(endpoint) as client:
             (run,) = await client.list_runs(conversation_id="conv-killed-in-tool")
             assert [e.tool_call_id for e in await client.list_unresolved_tool_effects(run.run_id)] == ["pay-1"]
+            assert [r.run_id for r in await client.list_runs(conversation_id="conv-hostile")] == [
+                "run-pushed-before-foreign"
+            ]
 
 
 def _segment(folder: Path, *payloads: bytes, tail: bytes = b"") -> Path:
@@ -297,4 +302,25 @@ async def test_hostile_journal_segments_are_set_aside_and_their_good_frames_stor
         rejected = {p.name for p in (folder / "rejected").iterdir()}
         assert {good.name, not_otlp.name} <= rejected and len(rejected) == 3
         assert (folder / "journal-3-link.log").is_symlink() and outside.read_bytes() == b"secret"
+    shutdown_pipelines()
+
+
+async def test_an_agent_adopting_a_segment_with_a_foreign_frame_sends_the_good_ones_and_records_on(
+    recorder: RecorderProcess, client: RecorderClient, tmp_path: Path
+) -> None:
+    """A frame that is not an OTLP request, in a segment the agent adopted, was sent with the rest, refused whole
+    (INVALID_ARGUMENT) and retried forever: nothing behind it, the agent's own runs included, reached the recorder.
+    Now the frames before it are sent, the segment set aside, and the agent records on."""
+    folder = tmp_path / "journal"
+    folder.mkdir(mode=0o700)
+    not_otlp = _segment(folder, _registration("run-before-foreign"), b"\xff\xfe not a protobuf message",
+                        _registration("run-after-foreign"))  # fmt: skip
+    torn = _segment(folder, _registration("run-before-torn"), tail=b"\x05\x00\x00\x00garbage")
+    agent = echo_agent(recorder.endpoint, calls=1, journal_dir=folder)
+    result = await agent.run("go", conversation_id="conv-adopting-agent")
+    assert result.output == "saw 1 returns"
+    assert len(await client.list_runs(conversation_id="conv-adopting-agent")) == 1
+    hostile = {r.run_id for r in await client.list_runs(conversation_id="conv-hostile")}
+    assert {"run-before-foreign", "run-before-torn"} <= hostile and "run-after-foreign" not in hostile
+    assert {p.name for p in (folder / "rejected").iterdir()} == {not_otlp.name, torn.name}
     shutdown_pipelines()

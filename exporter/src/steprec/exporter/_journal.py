@@ -4,7 +4,9 @@ One `write()` per append, which the kernel keeps when the process is killed
 (`fsync=True` adds an fsync, for power loss). The recorder's acknowledgement
 moves the segment's position past the frames it covered. Segments of
 processes that died are adopted here too, and re-sent before this process's
-own frames (the segment format and adoption rules: `steprec.proto.journal`).
+own frames (the segment format and adoption rules: `steprec.proto.journal`);
+one holding a frame that is not an OTLP request, or a torn tail, is set aside
+in `rejected/` after the frames before it, as the recorder's adopter does.
 
 The bound counts frames not yet acknowledged: past it an append is dropped,
 counted and logged, never silently, and so is an append the disk refuses.
@@ -103,8 +105,15 @@ class Journal:
         while self._segments:
             head = self._segments[0]
             if head.ends:
-                end, payloads = head.oldest(max_bytes)
-                return end, payloads, head is self._own
+                if head is self._own:
+                    return *head.oldest(max_bytes), True
+                # Sent whole, a frame that is not an OTLP request would be refused as a whole request and
+                # retried forever, holding every frame behind it (this process's own ones too).
+                end, payloads, _ = head.oldest_requests(max_bytes)
+                if payloads:
+                    return end, payloads, False
+                self._set_aside(head, f"the frame at byte {head.position} is not an OTLP request")
+                continue
             if head is self._own:
                 return None
             self._retire(head)
@@ -118,12 +127,22 @@ class Journal:
             self._retire(head)
 
     def _retire(self, segment: Segment) -> None:
+        if segment is not self._own and segment.torn_bytes:
+            self._set_aside(segment, f"{segment.torn_bytes} bytes after its last intact frame are torn or corrupt")
+            return
         self._segments.remove(segment)
         if segment is self._own:
             if self._writer is not None:
                 self._writer.close()
             self._writer, self._own = None, None
         segment.remove()
+
+    def _set_aside(self, segment: Segment, why: str) -> None:
+        """Move an adopted segment to `rejected/` (as the recorder's adopter does), its good frames sent."""
+        self._segments.remove(segment)
+        name, where = segment.path.name, segment.set_aside()
+        logger.warning("steprec: adopted journal segment %s: %s; the frames before were sent, the segment set "
+                       "aside as %s", name, why, where)  # fmt: skip
 
     def close(self) -> None:
         """Release every segment; a fully acknowledged own segment is removed, any other stays for adoption."""

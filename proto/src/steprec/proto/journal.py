@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
 from .framing import encode_frame, read_frames
 
 SEGMENT_GLOB = "journal-*.log"
@@ -129,6 +132,21 @@ class Segment:
             payloads.append(data[start - self.position + FRAME_OVERHEAD : end - self.position])
             start = end
         return start, payloads
+
+    def oldest_requests(self, max_bytes: int) -> tuple[int, list[bytes], bool]:
+        """`oldest`, cut before the first payload that is not an OTLP request alone, and whether one was.
+
+        An adopted segment is a stranger's input: sent with the rest, such a frame fails the whole
+        Export. Each payload is parsed on its own, since concatenated bytes would parse as one merged
+        message even when a frame swallows the next one's bytes.
+        """
+        end, payloads = self.oldest(max_bytes)
+        for good, payload in enumerate(payloads):
+            try:
+                ExportLogsServiceRequest.FromString(payload)
+            except DecodeError:
+                return self.position + sum(FRAME_OVERHEAD + len(p) for p in payloads[:good]), payloads[:good], True
+        return end, payloads, False
 
     def advance(self, end: int) -> None:
         while self.ends and self.ends[0] <= end:

@@ -65,7 +65,9 @@ def _push(options: argparse.Namespace) -> int:
     for segment in segments:
         try:
             while segment.ends:
-                end, payloads = segment.oldest(_BATCH_BYTES)
+                end, payloads, _ = segment.oldest_requests(_BATCH_BYTES)
+                if not payloads:  # the next frame is not an OTLP request
+                    break
                 try:
                     response = export(b"".join(payloads), metadata=metadata, timeout=30)
                 except grpc.RpcError as error:
@@ -78,7 +80,10 @@ def _push(options: argparse.Namespace) -> int:
                     print(f"{segment.path.name}: refused {response.partial_success.error_message}")
                 segment.advance(end)
                 frames += len(payloads)
-            if segment.torn_bytes:
+            if segment.ends:
+                print(f"{segment.path.name}: the frame at byte {segment.position:,} is not an OTLP request; set aside "
+                      f"as {segment.set_aside()}")  # fmt: skip
+            elif segment.torn_bytes:
                 print(f"{segment.path.name}: {segment.torn_bytes:,} torn bytes after its last intact frame; set aside "
                       f"as {segment.set_aside()}")  # fmt: skip
             else:

@@ -28,9 +28,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from steprec.proto.journal import FRAME_OVERHEAD, SEGMENT_GLOB, Segment, default_journal_dir, orphans
+from steprec.proto.journal import SEGMENT_GLOB, Segment, default_journal_dir, orphans
 
 from ..store.applier import StoreUnavailable
 from .otlp import LogsIngest
@@ -114,14 +113,15 @@ class JournalAdopter:
         """Ingest the segment's frames in order, many per request; True when it was delivered whole."""
         frames = records = refused = 0
         while segment.ends:
-            end, payloads = segment.oldest(_BATCH_BYTES)
-            request, good = _merged(payloads)
-            if good:
+            end, payloads, foreign = segment.oldest_requests(_BATCH_BYTES)
+            if payloads:
+                # Each payload parsed alone already; concatenated, they are one request holding all their records.
+                request = ExportLogsServiceRequest.FromString(b"".join(payloads))
                 refused += len(self._ingest.ingest(request))
-                frames += good
+                frames += len(payloads)
                 records += sum(len(scope.log_records) for logs in request.resource_logs for scope in logs.scope_logs)
-            if good < len(payloads):
-                segment.advance(segment.position + sum(FRAME_OVERHEAD + len(p) for p in payloads[:good]))
+            if foreign:
+                segment.advance(end)
                 where = segment.set_aside()
                 logger.warning("journal %s: frame %d is not an OTLP request; the frames before it are stored, the"
                                " segment set aside as %s", segment.path, frames, where)  # fmt: skip
@@ -137,18 +137,3 @@ class JournalAdopter:
         logger.info("adopted journal %s of a process that died: %d frames, %d records (%d refused)",
                     segment.path, frames, records, refused)  # fmt: skip
         return True
-
-
-def _merged(payloads: list[bytes]) -> tuple[ExportLogsServiceRequest, int]:
-    """One request holding the frames up to the first that is not an OTLP request alone, and how many.
-
-    Each frame is parsed on its own: concatenated bytes would parse as one merged message even
-    when a frame is cut short and swallows the next one's bytes.
-    """
-    request = ExportLogsServiceRequest()
-    for good, payload in enumerate(payloads):
-        try:
-            request.resource_logs.extend(ExportLogsServiceRequest.FromString(payload).resource_logs)
-        except DecodeError:
-            return request, good
-    return request, len(payloads)
