@@ -81,3 +81,24 @@ async def test_with_the_recorder_down_writes_are_journaled_and_reads_fail() -> N
                 await store.get_run(run_id="run-down")
     finally:
         shutdown_pipelines()
+
+
+def test_a_store_made_before_any_loop_serves_several_asyncio_runs(recorder) -> None:
+    """The reference's examples make their store at module level, then `asyncio.run(main())` (issue 20)."""
+    store = RecorderStepStore(recorder.endpoint)
+
+    async def register(run_id: str) -> list[str]:
+        await store.register_run(RunRecord(run_id=run_id, registration_id=f"reg-{run_id}"))
+        return [run.run_id for run in await store.list_runs()]
+
+    assert asyncio.run(register("run-loop-1")) == ["run-loop-1"]
+    assert sorted(asyncio.run(register("run-loop-2"))) == ["run-loop-1", "run-loop-2"]
+
+    async def read_and_close() -> RunRecord | None:
+        try:
+            return await store.get_run(run_id="run-loop-1")
+        finally:
+            await store.close()
+
+    assert asyncio.run(read_and_close()).registration_id == "reg-run-loop-1"
+    shutdown_pipelines()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -17,6 +18,7 @@ from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.proto.tls import ClientTLS
 
+from .channels import LoopChannels
 from .history_cache import DEFAULT_CACHE_BYTES, HistoryCache
 from .types import (
     RunOutcome,
@@ -108,6 +110,14 @@ def _effect(effect: pb.ToolEffect) -> ToolEffectRecord:
     )
 
 
+class _Stubs:
+    """The query and admin stubs of one channel."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.query = query_pb2_grpc.RecorderQueryStub(channel)
+        self.admin = admin_pb2_grpc.RecorderAdminStub(channel)
+
+
 class RecorderClient:
     """Async client of a recorder's query service; use as `async with RecorderClient(endpoint) as client`.
 
@@ -116,6 +126,8 @@ class RecorderClient:
     cannot be reached, `ValueError` for an argument the recorder refused.
     Histories are read through a cache of validated messages bounded by `message_cache_bytes`
     (history_cache.py: what it shares between the histories it returns, and why).
+    It may be created anywhere (at module level, before any event loop exists) and used in any
+    number of loops, one after another or at once: each gets its own channel (channels.py).
     """
 
     def __init__(
@@ -136,12 +148,19 @@ class RecorderClient:
         tls = ClientTLS(tls_ca, tls_cert, tls_key)
         address = self.endpoint.removeprefix("http://").removeprefix("https://")
         if tls.configured or self.endpoint.startswith("https://"):
-            self._channel = grpc.aio.secure_channel(address, tls.credentials())
+            connect = functools.partial(grpc.aio.secure_channel, address, tls.credentials())
         else:
-            self._channel = grpc.aio.insecure_channel(address)
-        self._stub = query_pb2_grpc.RecorderQueryStub(self._channel)
-        self._admin = admin_pb2_grpc.RecorderAdminStub(self._channel)
+            connect = functools.partial(grpc.aio.insecure_channel, address)
+        self._channels = LoopChannels(connect, _Stubs)
         self._histories = HistoryCache(message_cache_bytes)
+
+    @property
+    def _stub(self) -> query_pb2_grpc.RecorderQueryStub:
+        return self._channels.current().query
+
+    @property
+    def _admin(self) -> admin_pb2_grpc.RecorderAdminStub:
+        return self._channels.current().admin
 
     async def __aenter__(self) -> RecorderClient:
         return self
@@ -152,7 +171,8 @@ class RecorderClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        """Close the channel this loop used (one per event loop the client was used in: channels.py)."""
+        await self._channels.close()
 
     async def _call(self, method, request):
         try:

@@ -163,8 +163,11 @@ class RecorderStepStore:
             token=self._token,
             tls=ClientTLS(*self._tls_files),
         )
-        self._client: RecorderClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        tls_ca, tls_cert, tls_key = self._tls_files
+        self._reader = RecorderClient(
+            self.endpoint, timeout_seconds=self.timeout_seconds, token=self._token,
+            tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+        )  # fmt: skip
         self._registrations: OrderedDict[str, str] = OrderedDict()
         self._snapshots: OrderedDict[str, _RunSnapshots] = OrderedDict()
 
@@ -178,22 +181,7 @@ class RecorderStepStore:
 
     async def close(self) -> None:
         """Close the read channel. Nothing is pending: every write was acknowledged before it returned."""
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
-
-    @property
-    def _reader(self) -> RecorderClient:
-        """The query client, made in the running event loop (a gRPC aio channel belongs to one loop)."""
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            tls_ca, tls_cert, tls_key = self._tls_files
-            self._client = RecorderClient(
-                self.endpoint, timeout_seconds=self.timeout_seconds, token=self._token,
-                tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-            )  # fmt: skip
-            self._client_loop = loop
-        return self._client
+        await self._reader.close()
 
     async def _send(self, *records: Record) -> Refusal | None:
         """Emit `records` in order and wait for the recorder's answer; the first refusal among them, if any.
