@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol, runtime_checkable
 
 import pytest
-from pydantic_ai import Agent
+from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
 from pydantic_ai.models.function import FunctionModel
 from steprec.exporter import StepRecorder
@@ -124,3 +125,32 @@ async def test_a_new_process_continues_one_run_and_forks_another_from_an_earlier
     newest = await client.latest_snapshot(continued["run_id"])
     assert len(newest.messages) > len(first.all_messages())
     assert [m.kind for m in newest.messages[: len(first.all_messages())]] == [m.kind for m in first.all_messages()]
+
+
+@runtime_checkable
+class TranscriptHandleProvider(Protocol):
+    """pydantic-ai-harness's compaction protocol (compaction/_receipts.py), which StepRecorder meets structurally."""
+
+    def compaction_transcript_handle(self) -> str | None: ...
+
+
+async def test_the_compaction_handle_is_the_run_id_the_recorder_stores(
+    recorder: RecorderProcess, client: RecorderClient
+) -> None:
+    recorder_capability = StepRecorder(endpoint=recorder.endpoint, agent_name="compactor")
+    assert isinstance(recorder_capability, TranscriptHandleProvider)
+    assert recorder_capability.compaction_transcript_handle() is None  # not materialised by for_run yet
+    agent = Agent(calls_tool_then_answers(1, tool="receipt"), capabilities=[recorder_capability])
+    handles: list[str | None] = []
+
+    @agent.tool
+    def receipt(ctx: RunContext[None], text: str) -> str:
+        # What a compaction strategy does: ask the run's capabilities for a handle.
+        handles.extend(c.compaction_transcript_handle() for c in ctx.capabilities.values()
+                       if isinstance(c, TranscriptHandleProvider))  # fmt: skip
+        return text
+
+    await agent.run("go", conversation_id="conv-handle")
+    (run,) = await client.list_runs(conversation_id="conv-handle")
+    assert handles == [run.run_id] and run.run_id.startswith("sp-")
+    assert await client.list_snapshots(handles[0])

@@ -238,6 +238,16 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         run._forked_from = _fork_origin(ctx.metadata)
         return run
 
+    def compaction_transcript_handle(self) -> str | None:
+        """The run id the recorder stores this run under, for compaction receipts; None before `for_run`.
+
+        Satisfies pydantic-ai-harness's compaction `TranscriptHandleProvider` protocol structurally, as
+        the reference's `StepPersistence` does, without importing it. A handle names the run's recorded
+        history (`RecorderClient.list_snapshots(handle)`); it does not promise the pre-compaction
+        transcript is still there: snapshots may hold compacted history, and retention drops old ones.
+        """
+        return self._scope.run_id if self._scope is not None else None
+
     @property
     def recording(self) -> tuple[OrderedDeliveryProcessor, _records.RunScope]:
         if self._pipeline is None or self._scope is None:
