@@ -55,10 +55,13 @@ def _inside_venv() -> bool:
 
 
 def _machine() -> str:
+    """The machine and the code a run measures: taken when the run starts, since commits may land during it."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                             capture_output=True, text=True).stdout.strip()  # fmt: skip
     return (
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()},"
-        f" commit {commit.stdout.strip() or 'unknown'}"
+        f" commit {commit.stdout.strip() or 'unknown'}{' with uncommitted changes' if changed else ''}"
     )
 
 
@@ -83,12 +86,12 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="steprec-reliability-journal-") as journal:
         os.environ["STEPREC_JOURNAL_DIR"] = journal  # never the user's own journal
         for name in args.only or SCENARIOS:
-            started = time.monotonic()
+            started, machine = time.monotonic(), _machine()
             print(f"reliability: {name} ...", flush=True)
             section = importlib.import_module(f"reliability.{name}").main(quick=args.quick)
             stamp = (
                 f"_{'Quick' if args.quick else 'Full'} run of {datetime.now(UTC):%Y-%m-%d %H:%M} UTC,"
-                f" {time.monotonic() - started:,.0f} s, on {_machine()}._\n\n"
+                f" {time.monotonic() - started:,.0f} s, on {machine}._\n\n"
             )
             title, _, rest = section.partition("\n")
             (RESULTS / f"{name}.md").write_text(f"{title}\n\n{stamp}{rest.lstrip()}")
