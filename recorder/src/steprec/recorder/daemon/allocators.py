@@ -16,8 +16,11 @@ over with them (`restart_with_settings`). A value the operator set is kept.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
+import threading
+from collections.abc import Callable
 
 RETAIN_MS = 10_000
 SETTINGS = {
@@ -44,3 +47,33 @@ def restart_with_settings() -> None:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **settings})
     except OSError:  # the interpreter cannot be started again: serve with the allocators' own defaults
         return
+
+
+def _glibc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim`, or None where the C library is another (musl, macOS)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def trim_periodically(stop: threading.Event, every: float = RETAIN_MS / 1000) -> threading.Thread | None:
+    """Give the memory glibc's heaps hold free back to the operating system every `every` seconds, until
+    `stop` is set; None where there is no glibc.
+
+    Python's larger objects (message bodies, the run states' tables, gRPC's buffers) live in glibc's
+    heaps, which return freed memory only from their top: in the 30-minute soak the heaps held up to
+    89 MiB free while RSS kept rising. `malloc_trim` releases every free page inside them. It is the
+    glibc counterpart of the other allocators' decay, at the same pace.
+    """
+    trim = _glibc_trim()
+    if trim is None:
+        return None
+
+    def run() -> None:
+        while not stop.wait(every):
+            trim(0)
+
+    thread = threading.Thread(target=run, name="steprec-malloc-trim", daemon=True)
+    thread.start()
+    return thread

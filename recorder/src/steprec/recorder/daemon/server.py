@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from ..store.duckdb_store import DuckDBStore
 from ..store.media import DEFAULT_THRESHOLD, open_media_store
 from ..store.message_cache import DEFAULT_CACHE_BYTES
 from ..store.run_state import DEFAULT_RUN_STATE_BYTES
+from . import allocators
 from .auth import ReadableRequests, TokenAuth
 from .metrics import serve_metrics
 
@@ -178,6 +180,9 @@ async def serve(options: ServeOptions) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
+    trimming = threading.Event()
+    allocators.trim_periodically(trimming)
     await stopping.wait()
     logger.info("stopping: draining in-flight requests")
+    trimming.set()
     await recorder.stop()
