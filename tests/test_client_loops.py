@@ -35,26 +35,37 @@ def test_a_client_made_before_any_loop_serves_several_asyncio_runs(recorder: Rec
 
 
 def test_one_client_serves_two_loops_in_two_threads_at_once(recorder: RecorderProcess) -> None:
+    """Each thread closes the client when it is done; one closing must not cancel the other's calls (it did)."""
     asyncio.run(echo_agent(recorder.endpoint, calls=1).run("go", conversation_id="conv-threads"))
     client = RecorderClient(recorder.endpoint)
     found: list[int] = []
-    start = threading.Barrier(2)
+    both_reading, first_closed = threading.Barrier(2), threading.Event()
 
-    async def reads() -> None:
-        for _ in range(20):
+    async def reads(count: int) -> None:
+        for _ in range(count):
             found.append(len(await client.list_runs(conversation_id="conv-threads")))
+
+    async def read_then_close() -> None:
+        await reads(10)
+        both_reading.wait()
+        await client.close()
+        first_closed.set()
+
+    async def read_across_the_others_close() -> None:
+        reading = asyncio.create_task(reads(40))  # its calls are in flight when the other thread closes
+        await asyncio.to_thread(both_reading.wait)
+        await asyncio.to_thread(first_closed.wait, 10)
+        await reading
         await client.close()
 
-    def in_a_loop_of_its_own() -> None:
-        start.wait()
-        asyncio.run(reads())
-
-    threads = [threading.Thread(target=in_a_loop_of_its_own) for _ in range(2)]
+    threads = [
+        threading.Thread(target=asyncio.run, args=(read(),)) for read in (read_then_close, read_across_the_others_close)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(30)
-    assert found == [1] * 40
+    assert first_closed.is_set() and found == [1] * 50
 
 
 def test_a_client_made_at_module_level_of_a_program_works_in_its_asyncio_run(recorder: RecorderProcess) -> None:

@@ -38,24 +38,25 @@ class LoopChannels(Generic[Stubs]):
         with self._lock:
             entry = self._by_loop.get(loop)
             if entry is None:
-                for gone in [other for other in self._by_loop if other.is_closed()]:
-                    del self._by_loop[gone]
+                self._let_go_of_closed_loops()
                 channel = self._connect()
                 entry = self._by_loop[loop] = (channel, self._stubs(channel))
         return entry[1]
 
     async def close(self) -> None:
-        """Close the running loop's channel, and let go of those of loops that have closed; a channel still in
-        use by a loop running in another thread is closed from that loop."""
+        """Close the running loop's channel and let go of those whose loops have closed.
+
+        A channel of a loop still running in another thread is left to that loop: closing it from here
+        would cancel that thread's calls in flight (two threads sharing a client each close when done).
+        """
         loop = asyncio.get_running_loop()
         with self._lock:
-            entries, self._by_loop = dict(self._by_loop), weakref.WeakKeyDictionary()
-        for other, (channel, _) in entries.items():
-            if other is loop:
-                await channel.close()
-            elif not other.is_closed():
-                closing = channel.close()
-                try:
-                    asyncio.run_coroutine_threadsafe(closing, other)
-                except RuntimeError:  # that loop closed meanwhile: gRPC closes the channel when it is dropped
-                    closing.close()
+            entry = self._by_loop.pop(loop, None)
+            self._let_go_of_closed_loops()
+        if entry is not None:
+            await entry[0].close()
+
+    def _let_go_of_closed_loops(self) -> None:
+        """Drop the channels of loops that have closed (held under the lock); gRPC closes them when dropped."""
+        for gone in [other for other in self._by_loop if other.is_closed()]:
+            del self._by_loop[gone]
