@@ -12,6 +12,7 @@ import grpc
 import pyarrow as pa
 from google.protobuf.message import Message
 from steprec.proto import wire
+from steprec.proto.message_chunks import CHUNK_BYTES, message_chunks
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 
@@ -41,8 +42,6 @@ _RUN_FILTERS = {
     "started_before_unix_nano": "started_before_ns",
     "outcome": "outcome",
 }
-_CHUNK_BYTES = 1 << 20
-"""Streamed replies are packed up to about 1 MiB per message, far below the 4 MiB gRPC cap."""
 _TREE_PAGE = 2000
 _MAX_QUERIES = 4
 """SQL queries and exports running at once; more are refused, so analytics cannot starve the readers."""
@@ -226,13 +225,13 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {run_id!r} has no {missing}")
         info_row, messages = found
         if request.digests_only:  # 32,768 digests a chunk (1 MiB is a multiple of 32)
-            for start in range(0, max(len(messages), 1), _CHUNK_BYTES):
-                chunk = pb.SnapshotChunk(message_digests=messages[start : start + _CHUNK_BYTES])
+            for start in range(0, max(len(messages), 1), CHUNK_BYTES):
+                chunk = pb.SnapshotChunk(message_digests=messages[start : start + CHUNK_BYTES])
                 if not start:
                     chunk.info.CopyFrom(_snapshot_info(info_row))
                 yield chunk
             return
-        for chunk in _message_chunks(pb.SnapshotChunk(info=_snapshot_info(info_row)), messages):
+        for chunk in message_chunks(pb.SnapshotChunk(info=_snapshot_info(info_row)), _encoded(messages)):
             yield chunk
 
     async def ReadMessages(self, request: pb.ReadMessagesRequest, context):  # noqa: N802
@@ -249,7 +248,7 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
             messages = await asyncio.to_thread(self._store.read_messages, digests)
         except LookupError as error:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
-        for chunk in _message_chunks(pb.SnapshotChunk(), messages):
+        for chunk in message_chunks(pb.SnapshotChunk(), _encoded(messages)):
             yield chunk
 
     async def ListToolEffects(self, request: pb.ListToolEffectsRequest, context) -> pb.ListToolEffectsResponse:  # noqa: N802
@@ -284,8 +283,8 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
             await context.abort(grpc.StatusCode.DATA_LOSS, f"{request.uri} cannot be read: {error}")
         if data is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no stored message refers to {request.uri}")
-        for start in range(0, max(len(data), 1), _CHUNK_BYTES):
-            yield pb.MediaChunk(data=data[start : start + _CHUNK_BYTES], size_bytes=len(data) if not start else 0)
+        for start in range(0, max(len(data), 1), CHUNK_BYTES):
+            yield pb.MediaChunk(data=data[start : start + CHUNK_BYTES], size_bytes=len(data) if not start else 0)
 
     async def Sql(self, request: pb.SqlRequest, context):  # noqa: N802
         try:
@@ -347,9 +346,9 @@ def encoded_arrow_chunks(stream: pa.Buffer) -> Iterator[bytes]:
     serializer unchanged (`RecorderQuery.handler`).
     """
     view = memoryview(stream)
-    for start in range(0, len(view), _CHUNK_BYTES):
-        piece = view[start : start + _CHUNK_BYTES]
-        end = _BATCH_END if start + _CHUNK_BYTES >= len(view) else b""
+    for start in range(0, len(view), CHUNK_BYTES):
+        piece = view[start : start + CHUNK_BYTES]
+        end = _BATCH_END if start + CHUNK_BYTES >= len(view) else b""
         yield b"".join((_ARROW_IPC_TAG, _varint(len(piece)), piece, end))
 
 
@@ -374,23 +373,5 @@ def _serialized(message: Message | bytes) -> bytes:
     return message if type(message) is bytes else message.SerializeToString()
 
 
-def _message_chunks(chunk: pb.SnapshotChunk, messages: list[str]) -> Iterator[pb.SnapshotChunk]:
-    """`chunk` and more, carrying the messages in order in chunks of about `_CHUNK_BYTES`; a larger message in
-    consecutive pieces (the SnapshotChunk contract in query.proto)."""
-    size = 0
-    for message in messages:
-        encoded = message.encode()
-        if size and size + len(encoded) > _CHUNK_BYTES:
-            yield chunk
-            chunk, size = pb.SnapshotChunk(), 0
-        if len(encoded) <= _CHUNK_BYTES:
-            chunk.messages_json.append(encoded)
-            size += len(encoded)
-            continue
-        if chunk.HasField("info"):
-            yield chunk
-            chunk = pb.SnapshotChunk()
-        for start in range(0, len(encoded), _CHUNK_BYTES):
-            piece = encoded[start : start + _CHUNK_BYTES]
-            yield pb.SnapshotChunk(message_piece=piece, message_complete=start + _CHUNK_BYTES >= len(encoded))
-    yield chunk
+def _encoded(messages: list[str]) -> Iterator[bytes]:
+    return (message.encode() for message in messages)
