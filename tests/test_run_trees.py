@@ -226,6 +226,8 @@ def test_a_store_from_before_the_ancestry_gains_it_when_opened(tmp_path: Path) -
     # Make it the file a schema-2 recorder left: no run_ancestry table, version 2 recorded last.
     old = duckdb.connect(str(path))
     old.execute("DROP TABLE run_ancestry")
+    old.execute("DROP TABLE conversations")
+    old.execute("DROP TABLE conversation_heads")
     drop_columns(old, "run_endings", "run_seq")
     drop_columns(old, "runs", "ended_at", "end_kind")
     old.execute("DELETE FROM steprec_schema WHERE version >= 3")

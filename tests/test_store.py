@@ -279,6 +279,7 @@ def test_a_version_1_file_gains_run_endings_from_its_events(tmp_path: Path) -> N
     old.execute("DROP TABLE run_endings")
     old.execute("DROP TABLE run_ancestry")
     drop_columns(old, "runs", "ended_at", "end_kind")
+    old.execute("DROP TABLE conversations; DROP TABLE conversation_heads")  # schema 8
     old.execute("DELETE FROM steprec_schema WHERE version >= 2")
     old.close()
     store = DuckDBStore(path)
@@ -315,6 +316,7 @@ def test_a_run_keeps_one_ending_its_latest_however_often_and_whenever_it_ends(tm
     drop_columns(old, "run_endings", "run_seq")
     drop_columns(old, "runs", "ended_at", "end_kind")
     old.execute("INSERT INTO run_endings SELECT write_seq - 100, run_id, 'run_completed', ended_at FROM run_endings")
+    old.execute("DROP TABLE conversations; DROP TABLE conversation_heads")  # schema 8
     old.execute("DELETE FROM steprec_schema WHERE version >= 4")
     old.close()
     store = DuckDBStore(path)
@@ -364,6 +366,7 @@ def test_a_runs_row_carries_its_latest_ending_and_a_version_6_file_gains_it(tmp_
     # A schema-6 file has the endings only in run_endings: opening it copies them.
     old = duckdb.connect(str(path))
     drop_columns(old, "runs", "ended_at", "end_kind")
+    old.execute("DROP TABLE conversations; DROP TABLE conversation_heads")  # schema 8
     old.execute("DELETE FROM steprec_schema WHERE version >= 7")
     old.close()
     store = DuckDBStore(path)

@@ -45,13 +45,31 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
         "record_key": _TEXT, "trace_id": _TEXT, "span_id": _TEXT,
     },
     "run_endings": {"write_seq": _INT, "run_id": _TEXT, "kind": _TEXT, "ended_at": _TS, "run_seq": _INT},
+    "conversations": {
+        "write_seq": _INT, "conversation_id": _TEXT, "schema_version": _INT, "workspace": _TEXT,
+        "checkout_repository": _TEXT, "checkout_name": _TEXT, "checkout_root": _TEXT, "checkout_branch": _TEXT,
+        "updated_at": _TS, "revision": _INT, "title": _TEXT, "subtitle": _TEXT, "tags": pa.list_(_TEXT),
+        "title_source": _TEXT, "naming_version": _INT, "named_revision": _INT, "model": _TEXT, "outcome": _TEXT,
+        "run_id": _TEXT, "owner_pid": _INT, "owner_host": _TEXT, "message_count": _INT, "total_tokens": _INT,
+        "naming_tokens": _INT, "archived_at": _TS, "metadata_folded": _TEXT,
+    },
+    "conversation_heads": {
+        "write_seq": _INT, "conversation_id": _TEXT, "revision": _INT, "refs": pa.binary(), "text_folded": _TEXT,
+    },
     # Not a table: ending events that replace an earlier ending of their run, which the applier deletes.
     "superseded_endings": {"run_id": _TEXT, "write_seq": _INT},
 }  # fmt: skip
 
 ENDING_KINDS = ("run_completed", "run_failed")
+LATEST_ONLY = ("conversations", "conversation_heads")
+"""Tables that keep one row per conversation, its latest: a head saved at every turn then takes the space of
+one head, not of every turn's (the search text alone would grow with the square of the conversation)."""
 _FORMAT = 2
 """Log entries of format 1 (a 3-tuple) staged no `run_endings`: they are derived from their events."""
+
+
+def column_names(table: str) -> tuple[str, ...]:
+    return tuple(_COLUMNS[table])
 
 
 class Batch:
@@ -135,6 +153,11 @@ def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> No
             continue
         cursor.register("staged_rows", table)
         cursor.execute(f"INSERT INTO {name} BY NAME SELECT * FROM staged_rows")
+        if name in LATEST_ONLY:
+            cursor.execute(
+                f"DELETE FROM {name} t USING (SELECT conversation_id, max(write_seq) AS latest FROM staged_rows"
+                " GROUP BY conversation_id) s WHERE t.conversation_id = s.conversation_id AND t.write_seq < s.latest"
+            )
         cursor.unregister("staged_rows")
     if superseding is not None:
         supersede_endings(cursor, superseding)

@@ -18,6 +18,7 @@ from ..ingest.decode import Refusal, StepRecord
 from ..querier.sql import install_views, lock_down
 from .applier import Applier
 from .connection import DEFAULT_MEMORY_LIMIT_MIB, fetch_one, open_database
+from .conversations import ConversationWrites, list_summaries, read_head
 from .duckdb_target import DuckDBTarget
 from .media import DEFAULT_THRESHOLD, LocalMediaStore, MediaCodec, MediaStore
 from .message_cache import DEFAULT_CACHE_BYTES, message_cache
@@ -32,7 +33,7 @@ from .write_path import WritePath, load_filter
 
 
 class DuckDBStore(Reads):
-    """A steprec database in one DuckDB file: `ingest`, the reads (`Reads`), `prune`, `close`."""
+    """A steprec database in one DuckDB file: `ingest`, the reads (`Reads`), conversation heads, `prune`, `close`."""
 
     def __init__(
         self,
@@ -67,6 +68,8 @@ class DuckDBStore(Reads):
         )  # fmt: skip
         Reads.__init__(self, self._connection, self._applier, lambda: self._wal.last_sequence, self._media, bodies,
                        choices)  # fmt: skip
+        self.conversations = ConversationWrites(self._connection, self._applier, self._write,
+                                                lambda: self._wal.last_sequence)  # fmt: skip
         self._bodies = bodies
 
     def ingest(self, records: Iterable[StepRecord]) -> tuple[list[Refusal], int]:
@@ -78,22 +81,42 @@ class DuckDBStore(Reads):
     ) -> PruneResult:
         """Remove whole runs (and their events, snapshots and tool effects), then unreferenced messages.
 
-        Holds the ingest lock for its duration and first waits until everything
-        acknowledged is applied, so it never races a write it cannot see.
+        Holds the ingest lock for its duration (`_prune`).
         """
         if started_before_ns is None and conversation_id is None:
             raise ValueError("prune needs an age or a conversation; refusing to remove every run")
 
-        def forget() -> None:  # every run's notion of which messages the store holds may be stale now
+        with self._write.lock:
+            return self._prune(started_before_ns=started_before_ns, conversation_id=conversation_id, dry_run=dry_run)
+
+    def delete_conversation(self, conversation_id: str, revision: int) -> PruneResult:
+        """Remove a conversation's head and its runs in one transaction, if its revision is still `revision`
+        (Conflict otherwise); messages and media others still refer to stay."""
+        with self.conversations.lock, self._write.lock:
+            return self._prune(started_before_ns=None, conversation_id=conversation_id, dry_run=False,
+                               head_revision=revision)  # fmt: skip
+
+    def _prune(self, **matching) -> PruneResult:
+        """`prune_runs` with the write path's lock held: after everything acknowledged is applied, so it never
+        races a write it cannot see; then every run's notion of which messages the store holds is dropped."""
+
+        def forget() -> None:
             self._choices.changed_all()
             self._write.states.clear()
             self._stored.forget_applied()
 
-        with self._write.lock:
-            self._applier.wait_applied(self._wal.last_sequence, for_write=True)
-            with self._connection.cursor() as cursor:
-                return prune_runs(cursor, self._media.store, started_before_ns=started_before_ns,
-                                  conversation_id=conversation_id, dry_run=dry_run, on_committed=forget)  # fmt: skip
+        self._applier.wait_applied(self._wal.last_sequence, for_write=True)
+        with self._connection.cursor() as cursor:
+            return prune_runs(cursor, self._media.store, on_committed=forget, **matching)
+
+    def get_conversation(self, conversation_id: str) -> tuple[dict, bytes] | None:
+        """A conversation's summary and its messages' digests, or None."""
+        with self.cursor() as cursor:
+            return read_head(cursor, conversation_id)
+
+    def list_conversations(self, *, query: str, limit: int, offset: int, archived: bool | None) -> list[dict]:
+        with self.cursor() as cursor:
+            return list_summaries(cursor, query=query, limit=limit, offset=offset, archived=archived)
 
     @property
     def pending_entries(self) -> int:

@@ -9,6 +9,7 @@ import duckdb
 import pyarrow as pa
 from steprec.proto import wire
 
+from .conversations import remove_head
 from .media import MediaStore
 from .tree import unlink
 
@@ -33,8 +34,12 @@ def prune_runs(
     conversation_id: str | None,
     dry_run: bool,
     on_committed: Callable[[], None],
+    head_revision: int | None = None,
 ) -> PruneResult:
     """Remove the matching runs and what only they referred to, in one transaction (rolled back when `dry_run`).
+
+    With `head_revision`, the conversation's head goes too, if its revision is still that one
+    (`conversations.remove_head`: Conflict otherwise, and nothing is removed).
 
     The caller holds the write path's lock and has waited until everything acknowledged is
     applied, so prune never races a write it cannot see. `on_committed` runs right after the
@@ -50,6 +55,8 @@ def prune_runs(
         params.append(conversation_id)
     try:
         cursor.execute("BEGIN")
+        if head_revision is not None:
+            remove_head(cursor, conversation_id, head_revision)
         where = " AND ".join(filters)
         # The runs as a table, matched by hash join: list_contains over a list of every pruned run scanned
         # the list per row (100,000 runs over 1,000,000 events: 63 s a statement, the write lock held).
@@ -86,9 +93,11 @@ def prune_runs(
 
 
 def _referenced_digests(cursor: duckdb.DuckDBPyConnection) -> set[bytes]:
-    """Every digest a retained snapshot refers to: the union of all stored reference lists and deltas."""
+    """Every digest a retained snapshot or a conversation head refers to: the union of all stored reference lists
+    and deltas."""
     referenced: set[bytes] = set()
-    for batch in cursor.execute("SELECT refs FROM snapshots WHERE NOT pruned").to_arrow_reader():
-        for blob in batch.column(0).to_pylist():
-            referenced.update(wire.split_digests(blob))
+    for table in ("snapshots WHERE NOT pruned", "conversation_heads"):
+        for batch in cursor.execute(f"SELECT refs FROM {table}").to_arrow_reader():
+            for blob in batch.column(0).to_pylist():
+                referenced.update(wire.split_digests(blob))
     return referenced

@@ -14,7 +14,7 @@ import duckdb
 
 from . import tree
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def _place_runs(connection: duckdb.DuckDBPyConnection) -> None:
@@ -221,6 +221,46 @@ _MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     6: _compress_text_with_zstd,
     # Each run's ending in its `runs` row too: a tree read joins the runs to their ancestry and nothing else.
     7: _end_runs,
+    # Conversation heads (docs/conversations.md): one row per conversation in each, the applier deletes older ones.
+    8: """
+    CREATE TABLE conversations (
+        write_seq BIGINT NOT NULL,
+        conversation_id VARCHAR NOT NULL,
+        schema_version INTEGER NOT NULL,
+        workspace VARCHAR NOT NULL,
+        checkout_repository VARCHAR,
+        checkout_name VARCHAR,
+        checkout_root VARCHAR,
+        checkout_branch VARCHAR,
+        updated_at TIMESTAMPTZ NOT NULL,
+        revision BIGINT NOT NULL,
+        title VARCHAR NOT NULL,
+        subtitle VARCHAR NOT NULL,
+        tags VARCHAR[] NOT NULL,
+        title_source VARCHAR NOT NULL,
+        naming_version BIGINT NOT NULL,
+        named_revision BIGINT NOT NULL,
+        model VARCHAR,
+        outcome VARCHAR NOT NULL,
+        run_id VARCHAR,
+        owner_pid BIGINT,
+        owner_host VARCHAR,
+        message_count BIGINT NOT NULL,
+        total_tokens BIGINT NOT NULL,
+        naming_tokens BIGINT NOT NULL,
+        archived_at TIMESTAMPTZ,
+        metadata_folded VARCHAR NOT NULL
+    );
+    CREATE TABLE conversation_heads (
+        write_seq BIGINT NOT NULL,
+        conversation_id VARCHAR NOT NULL,
+        revision BIGINT NOT NULL,
+        refs BLOB USING COMPRESSION zstd NOT NULL,
+        text_folded VARCHAR USING COMPRESSION zstd NOT NULL
+    );
+    CREATE INDEX conversations_id ON conversations (conversation_id);
+    CREATE INDEX conversation_heads_id ON conversation_heads (conversation_id);
+    """,
 }
 
 

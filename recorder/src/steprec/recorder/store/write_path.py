@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import duckdb
 from steprec.proto import wire
@@ -142,7 +142,8 @@ class WritePath:
         self._next_seq = 1 + fetch_one(
             connection,
             "SELECT greatest((SELECT max(write_seq) FROM runs), (SELECT max(write_seq) FROM events),"
-            " (SELECT max(write_seq) FROM snapshots), (SELECT max(write_seq) FROM tool_effects), 0)",
+            " (SELECT max(write_seq) FROM snapshots), (SELECT max(write_seq) FROM tool_effects),"
+            " (SELECT max(write_seq) FROM conversations), (SELECT max(write_seq) FROM conversation_heads), 0)",
         )
 
     def _load_run_filter(self) -> DigestFilter:
@@ -212,6 +213,41 @@ class WritePath:
                 cursor.close()
             self.states.forget_idle(self._applier.applied, keep=touched)
             return refusals, suppressed
+
+    def log_rows(self, refs: Sequence[bytes], bodies: Sequence[str], rows: dict[str, dict[str, object]]) -> int:
+        """Log one entry of `rows` (table -> columns; each row gets the next `write_seq`) and the messages `refs`
+        names that the store lacks, their JSON taken from `bodies`; returns its log sequence.
+
+        The messages go into the same content-addressed store as snapshots': one a run recorded already costs
+        its reference. Raises Malformed when `refs` names a message neither stored nor in `bodies`, or a body
+        is not a JSON object; StoreUnavailable when the log cannot be written.
+        """
+        given = {hashlib.sha256(text.encode()).digest(): text for text in bodies}
+        with self.lock:
+            cursor = CursorOnDemand(self._connection)
+            try:
+                request = _Request(self._stored.lookup(cursor, set(refs)))
+                new = {digest: given.get(digest) for digest in refs if not request.holds(digest)}
+                if unknown := [digest for digest, text in new.items() if text is None]:
+                    raise Malformed(
+                        "unknown_message", f"{len(unknown)} message(s) are neither stored nor sent, the first"
+                        f" {unknown[0].hex()}"
+                    )  # fmt: skip
+                for position, text in enumerate(new.values()):
+                    check_message_json(text, position)
+                for digest, text in new.items():
+                    self._stage_message(request, digest, text, len(text.encode()))
+                for table, columns in rows.items():
+                    request.batch.add(table, **columns, write_seq=self._seq())
+                try:
+                    sequence = self._wal.append(request.batch.encode())
+                except OSError as error:
+                    raise StoreUnavailable(f"the recorder cannot write its log now: {error}") from error
+                self._stored.logged(request.staged)
+                self._applier.submit(sequence, request.batch, request.staged)
+                return sequence
+            finally:
+                cursor.close()
 
     def _forget_stale_states(self, run_ids: set[str]) -> None:
         """Drop the state of runs a failed write or a set-aside request left wrong, or refuse while it
