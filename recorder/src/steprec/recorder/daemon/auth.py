@@ -45,12 +45,13 @@ class ReadableRequests(grpc.aio.ServerInterceptor):
 
     grpc's own deserializer turns them into UNKNOWN ("Unexpected DecodeError") and logs a traceback per call,
     so a stranger's garbage reads like a recorder fault. Here it gets INVALID_ARGUMENT and the reason, as
-    Export already does (ingest.py). Streamed requests (reflection) and plain-function servicers pass unchanged.
+    Export already does (ingest.py). A client-streamed upload (SaveConversation) has each message parsed as
+    it is read; bidirectional streams (reflection) and plain-function servicers pass unchanged.
     """
 
     async def intercept_service(self, continuation, handler_call_details: grpc.HandlerCallDetails):
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+        if handler is None or handler.request_deserializer is None:
             return handler
         parse, method = handler.request_deserializer, handler_call_details.method
 
@@ -59,6 +60,9 @@ class ReadableRequests(grpc.aio.ServerInterceptor):
                 return parse(payload)
             except Exception as error:  # DecodeError, or whatever else a deserializer raises on bad bytes
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not one {method} reads: {error}")
+
+        if handler.request_streaming:
+            return _parsing_uploads(handler, parsed)
 
         if not handler.response_streaming:
             behavior = handler.unary_unary
@@ -84,3 +88,19 @@ class ReadableRequests(grpc.aio.ServerInterceptor):
         else:
             return handler
         return grpc.unary_stream_rpc_method_handler(stream, response_serializer=handler.response_serializer)
+
+
+def _parsing_uploads(handler: grpc.RpcMethodHandler, parsed) -> grpc.RpcMethodHandler:
+    """A client-streaming handler whose servicer reads parsed requests, refused as `parsed` refuses them."""
+    behavior = handler.stream_unary
+    if handler.response_streaming or not inspect.iscoroutinefunction(behavior):
+        return handler
+
+    async def upload(payloads, context: grpc.aio.ServicerContext):
+        async def requests():
+            async for payload in payloads:
+                yield await parsed(payload, context)
+
+        return await behavior(requests(), context)
+
+    return grpc.stream_unary_rpc_method_handler(upload, response_serializer=handler.response_serializer)

@@ -15,11 +15,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
+from steprec.proto.conversations.v1 import conversations_pb2, conversations_pb2_grpc
 from steprec.proto.query.v1 import query_pb2
 
 from ..ingest.journal_adoption import JournalAdopter, loopback_folders
 from ..ingest.otlp import LogsIngest
 from ..querier.admin_service import RecorderAdmin
+from ..querier.conversation_service import RecorderConversations
 from ..querier.query_service import RecorderQuery
 from ..store.connection import DEFAULT_MEMORY_LIMIT_MIB, skip_pandas_lookups
 from ..store.duckdb_store import DuckDBStore
@@ -115,6 +117,9 @@ class Recorder:
         self._server.add_generic_rpc_handlers((ingest.handler(),))
         self._server.add_generic_rpc_handlers((RecorderQuery(self.store).handler(),))
         admin_pb2_grpc.add_RecorderAdminServicer_to_server(RecorderAdmin(self.store), self._server)
+        conversations_pb2_grpc.add_RecorderConversationsServicer_to_server(
+            RecorderConversations(self.store), self._server
+        )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -123,6 +128,7 @@ class Recorder:
                 query_pb2.DESCRIPTOR.services_by_name["RecorderQuery"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 admin_pb2.DESCRIPTOR.services_by_name["RecorderAdmin"].full_name,
+                conversations_pb2.DESCRIPTOR.services_by_name["RecorderConversations"].full_name,
                 reflection.SERVICE_NAME,
             ),
             self._server,

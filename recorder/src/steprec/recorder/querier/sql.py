@@ -156,6 +156,13 @@ VIEWS: dict[str, str] = {
         )
         SELECT root_run_id, run_id, min(depth) AS depth, arg_min(relation, depth) AS relation FROM tree GROUP BY ALL
     """,
+    "conversations": """
+        SELECT conversation_id, schema_version, workspace, checkout_repository, checkout_name, checkout_root,
+               checkout_branch, updated_at, revision, title, subtitle, tags, title_source, naming_version,
+               named_revision, model, outcome, run_id, owner_pid, owner_host, message_count, total_tokens,
+               naming_tokens, archived_at
+        FROM main.conversations
+    """,
 }
 
 EXPORTS: dict[str, tuple[str, str | None]] = {
@@ -170,6 +177,7 @@ EXPORTS: dict[str, tuple[str, str | None]] = {
     "messages": ("SELECT * FROM recorded.messages", None),
     "tool_effects": ("SELECT * FROM recorded.tool_effects", "started_at"),
     "tool_effect_records": ("SELECT * FROM recorded.tool_effect_records", "recorded_at"),
+    "conversations": ("SELECT * FROM recorded.conversations", "updated_at"),
 }
 """What `steprec export` writes: per table its query and the timestamp column its day partition comes from.
 
