@@ -14,11 +14,14 @@ from typing import Any
 import grpc
 import pyarrow as pa
 from steprec.proto.admin.v1 import admin_pb2, admin_pb2_grpc
+from steprec.proto.conversations.v1 import conversations_pb2_grpc
+from steprec.proto.message_chunks import MessageAssembly
 from steprec.proto.query.v1 import query_pb2 as pb
 from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.proto.tls import ClientTLS
 
 from .channels import LoopChannels
+from .conversation_types import ConversationConflict
 from .history_cache import DEFAULT_CACHE_BYTES, HistoryCache
 from .types import (
     RunOutcome,
@@ -111,11 +114,12 @@ def _effect(effect: pb.ToolEffect) -> ToolEffectRecord:
 
 
 class _Stubs:
-    """The query and admin stubs of one channel."""
+    """The query, admin and conversations stubs of one channel."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.query = query_pb2_grpc.RecorderQueryStub(channel)
         self.admin = admin_pb2_grpc.RecorderAdminStub(channel)
+        self.conversations = conversations_pb2_grpc.RecorderConversationsStub(channel)
 
 
 class RecorderClient:
@@ -161,6 +165,11 @@ class RecorderClient:
     @property
     def _admin(self) -> admin_pb2_grpc.RecorderAdminStub:
         return self._channels.current().admin
+
+    @property
+    def _conversations(self) -> conversations_pb2_grpc.RecorderConversationsStub:
+        """For `ConversationStore`, which shares this client's channels and history cache."""
+        return self._channels.current().conversations
 
     async def __aenter__(self) -> RecorderClient:
         return self
@@ -329,15 +338,10 @@ class RecorderClient:
         )
 
     async def _read_messages(self, digests: list[bytes]) -> list[bytes]:
-        messages, piece = [], bytearray()
+        assembly = MessageAssembly()
         async for chunk in self._stream(self._stub.ReadMessages, pb.ReadMessagesRequest(digests=b"".join(digests))):
-            if chunk.message_piece:  # a message larger than one chunk, in order
-                piece += chunk.message_piece
-                if chunk.message_complete:
-                    messages.append(bytes(piece))
-                    piece.clear()
-            messages.extend(chunk.messages_json)
-        return messages
+            assembly.add(chunk)
+        return assembly.messages
 
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         """The tool-effect ledger of a run, one record per tool call, latest status."""
@@ -450,6 +454,8 @@ def _translate(error: grpc.aio.AioRpcError, endpoint: str) -> Exception:
         return ValueError(error.details())
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return RecorderBusy(error.details())
+    if code == grpc.StatusCode.ABORTED:
+        return ConversationConflict(error.details())
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return PermissionError(f"recorder at {endpoint} refused the call: {error.details()}")
     return RuntimeError(f"recorder at {endpoint} answered {code.name}: {error.details()}")

@@ -17,7 +17,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def from_unix_nano(value: int) -> datetime:
-    return datetime.fromtimestamp(value / 1e9, tz=UTC)
+    """Unix nanoseconds as a UTC datetime, exact to the microsecond (a float division can be one off)."""
+    return _EPOCH + timedelta(microseconds=value // 1000)
 
 
 def to_unix_nano(value: datetime) -> int:
