@@ -8,7 +8,6 @@ import os
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import grpc
@@ -21,6 +20,7 @@ from steprec.proto.query.v1 import query_pb2_grpc
 from steprec.proto.tls import ClientTLS
 
 from .channels import LoopChannels
+from .closing import AsyncClosing
 from .conversation_types import ConversationConflict
 from .history_cache import DEFAULT_CACHE_BYTES, HistoryCache
 from .types import (
@@ -122,7 +122,7 @@ class _Stubs:
         self.conversations = conversations_pb2_grpc.RecorderConversationsStub(channel)
 
 
-class RecorderClient:
+class RecorderClient(AsyncClosing):
     """Async client of a recorder's query service; use as `async with RecorderClient(endpoint) as client`.
 
     Every call returns typed records (`RunRecord`, `StepEvent`, `Snapshot`,
@@ -170,14 +170,6 @@ class RecorderClient:
     def _conversations(self) -> conversations_pb2_grpc.RecorderConversationsStub:
         """For `ConversationStore`, which shares this client's channels and history cache."""
         return self._channels.current().conversations
-
-    async def __aenter__(self) -> RecorderClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close the channel this loop used (one per event loop the client was used in: channels.py)."""

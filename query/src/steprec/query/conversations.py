@@ -15,7 +15,6 @@ import socket
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
-from types import TracebackType
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -26,6 +25,7 @@ from steprec.proto.query.v1 import query_pb2
 from steprec.proto.wire import split_digests
 
 from .client import RecorderClient
+from .closing import AsyncClosing
 from .conversation_types import (
     ConversationConflict,
     ConversationSummary,
@@ -83,7 +83,7 @@ def _summary(message: pb.ConversationSummary) -> ConversationSummary:
     )  # fmt: skip
 
 
-class ConversationStore:
+class ConversationStore(AsyncClosing):
     """Conversation heads on a recorder: `ConversationStore(endpoint or client)`, then `save`, `get`, `listing`,
     `name`, `set_archived` and `delete`, as pydantic-ai-harness's `SqliteConversationStore` has them.
 
@@ -97,14 +97,6 @@ class ConversationStore:
         self._owns_client = not isinstance(endpoint, RecorderClient)
         self._client = RecorderClient(endpoint, **options) if self._owns_client else endpoint
         self._known: OrderedDict[bytes, None] = OrderedDict()
-
-    async def __aenter__(self) -> ConversationStore:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close the client this store made (a client it was given stays open)."""

@@ -16,7 +16,6 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from types import TracebackType
 from typing import TypeVar
 
 try:
@@ -40,6 +39,7 @@ from steprec.proto.tls import ClientTLS
 
 from . import types as client_types
 from .client import RecorderClient, RecorderUnavailable
+from .closing import AsyncClosing
 
 REGISTRATION_KEY = "0:0:run_started:"
 """The key StepPersistence (and StepRecorder) give a run's first event, `run_started`.
@@ -117,7 +117,7 @@ class _RunSnapshots:
             self.high_water = sequence if self.high_water is None else max(self.high_water, sequence)
 
 
-class RecorderStepStore:
+class RecorderStepStore(AsyncClosing):
     """A pydantic-ai-harness `StepStore` whose runs live in a steprec recorder.
 
     ```python
@@ -170,14 +170,6 @@ class RecorderStepStore:
         )  # fmt: skip
         self._registrations: OrderedDict[str, str] = OrderedDict()
         self._snapshots: OrderedDict[str, _RunSnapshots] = OrderedDict()
-
-    async def __aenter__(self) -> RecorderStepStore:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close the read channel. Nothing is pending: every write was acknowledged before it returned."""
