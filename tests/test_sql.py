@@ -21,7 +21,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from steprec.exporter import StepRecorder
 from steprec.proto.query.v1 import query_pb2 as pb
-from steprec.query import RecorderClient, truncated
+from steprec.query import ConversationStore, ConversationSummary, RecorderClient, truncated
 from steprec.query.sql_commands import EXPORT_TABLES
 from steprec.recorder.daemon.process import RecorderProcess
 from steprec.recorder.querier.query_service import encoded_arrow_chunks
@@ -276,6 +276,7 @@ async def test_export_parquet_is_partitioned_by_day_and_reads_back(
 ) -> None:
     assert set(EXPORT_TABLES) == set(EXPORTS)  # the CLI asks for exactly what the recorder serves
     await _record_a_tree(recorder.endpoint)
+    await ConversationStore(client).save(summary=ConversationSummary(workspace="/w"), messages=[])
     out = tmp_path / "export"
     done = await asyncio.to_thread(_steprec, "export", "parquet", str(out), "--endpoint", recorder.endpoint, "--json")
     assert done.returncode == 0, done.stderr

@@ -32,6 +32,7 @@ EXPORT_TABLES = (
     "messages",
     "tool_effects",
     "tool_effect_records",
+    "conversations",
 )
 """What `steprec export` writes; the recorder's ExportView serves exactly these (docs/sql.md)."""
 
