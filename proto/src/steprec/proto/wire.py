@@ -7,6 +7,7 @@ for the rest, so a record reads sensibly in any OTLP backend.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 SCOPE_NAME: Final = "steprec.exporter"
@@ -85,6 +86,15 @@ DIGEST_SIZE: Final = 32
 def split_digests(blob: bytes) -> tuple[bytes, ...]:
     """Digests sent or stored concatenated (snapshot references, ReadMessages) as a tuple."""
     return tuple([blob[i : i + DIGEST_SIZE] for i in range(0, len(blob), DIGEST_SIZE)])  # a list is built faster
+
+
+_RUN_ID_FORM = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+RUN_ID_RULE: Final = "1-200 of [A-Za-z0-9_.-] without '..'"
+"""What a run id may be: safe in a path, a URL and a log line, whoever sent it."""
+
+
+def is_run_id(text: str) -> bool:
+    return _RUN_ID_FORM.fullmatch(text) is not None and ".." not in text
 
 
 # Partial-success reasons the exporter acts on. The recorder writes one line per

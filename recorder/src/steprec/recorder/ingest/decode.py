@@ -23,7 +23,6 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from steprec.proto import wire
 
-_RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 _EVENT_NAMES = {wire.EVENT_PREFIX + kind: kind for kind in wire.EVENT_KINDS}
 MAX_TEXT = 64 * 1024
 """Longest identifier, name, error or metadata value accepted (message bodies are not limited by this)."""
@@ -169,7 +168,7 @@ def _plain(value: AnyValue, *, depth: int = 0) -> object:
 @functools.lru_cache(maxsize=4096)
 def _is_run_id(text: str) -> bool:
     """A run id's form, remembered for the ids seen lately: each record carries one or two."""
-    return bool(_RUN_ID.fullmatch(text)) and ".." not in text
+    return wire.is_run_id(text)
 
 
 class _Fields:
