@@ -17,6 +17,7 @@ from ..daemon.metrics import MemoryUse, Metrics
 from ..ingest.decode import Refusal, StepRecord
 from ..querier.sql import install_views, lock_down
 from .applier import Applier
+from .browse import BrowseReads
 from .connection import DEFAULT_MEMORY_LIMIT_MIB, fetch_one, open_database
 from .conversations import ConversationWrites, list_summaries, read_head
 from .duckdb_target import DuckDBTarget
@@ -32,8 +33,9 @@ from .wal import WriteAheadLog
 from .write_path import WritePath, load_filter
 
 
-class DuckDBStore(Reads):
-    """A steprec database in one DuckDB file: `ingest`, the reads (`Reads`), conversation heads, `prune`, `close`."""
+class DuckDBStore(BrowseReads):
+    """A steprec database in one DuckDB file: `ingest`, the reads (`Reads`, `BrowseReads`), conversation
+    heads, `prune`, `close`."""
 
     def __init__(
         self,

@@ -146,7 +146,9 @@ class Reads:
         with self.cursor() as cursor:
             return self._messages(cursor, digests)
 
-    def _messages(self, cursor: duckdb.DuckDBPyConnection, digests: Sequence[bytes]) -> list[str]:
+    def _messages(
+        self, cursor: duckdb.DuckDBPyConnection, digests: Sequence[bytes], *, restore: bool = True
+    ) -> list[str]:
         wanted = set(digests)
         bodies = self._bodies.get_many(wanted)
         if missing := wanted - bodies.keys():
@@ -160,6 +162,8 @@ class Reads:
             cursor.unregister("wanted_digests")
         if unknown := next((d for d in digests if d not in bodies), None):
             raise LookupError(f"no stored message has digest {unknown.hex()}")
+        if not restore:
+            return [bodies[d] for d in digests]
         return [self._media.restore(bodies[d]) for d in digests]
 
     def get_run(self, run_id: str) -> dict | None:
