@@ -24,12 +24,12 @@ from .sql import (
     UNLIMITED,
     QueryLimits,
     QueryRun,
+    QuerySlots,
     SqlRefused,
     SqlTimeout,
     check_query,
 )  # fmt: skip
 
-_RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 _OUTCOMES = ("running", "completed", "failed")
 _MAX_PAGE = 10_000
 _PAGE_TOKEN = re.compile(r"(-?\d{1,20}):(\d{1,20})")
@@ -43,15 +43,11 @@ _RUN_FILTERS = {
     "outcome": "outcome",
 }
 _TREE_PAGE = 2000
-_MAX_QUERIES = 4
-"""SQL queries and exports running at once; more are refused, so analytics cannot starve the readers."""
 
 
 async def _valid_run_id(run_id: str, context: grpc.aio.ServicerContext) -> str:
-    if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT, f"run_id {run_id[:80]!r} is not 1-200 of [A-Za-z0-9_.-] without '..'"
-        )
+    if not wire.is_run_id(run_id):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run_id {run_id[:80]!r} is not {wire.RUN_ID_RULE}")
     return run_id
 
 
@@ -130,9 +126,10 @@ def _snapshot_info(row: dict) -> pb.SnapshotInfo:
 
 
 class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
-    def __init__(self, store: DuckDBStore) -> None:
+    def __init__(self, store: DuckDBStore, queries: QuerySlots | None = None) -> None:
+        """`queries` are the SQL slots this service shares (with the browser, in `steprec serve`)."""
         self._store = store
-        self._queries = asyncio.Semaphore(_MAX_QUERIES)
+        self._queries = queries or QuerySlots()
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Every method of the service, as the generated registration makes them, except that replies may also be
@@ -310,11 +307,9 @@ class RecorderQuery(query_pb2_grpc.RecorderQueryServicer):
         When the caller goes away mid-stream the query is interrupted, and its cursor closed only
         after the worker step in flight has returned.
         """
-        if counted and self._queries.locked():
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{_MAX_QUERIES} SQL queries are running; try again shortly"
-            )
-        async with self._queries if counted else contextlib.nullcontext():
+        if counted and self._queries.busy:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._queries.busy_reason)
+        async with self._queries.taken() if counted else contextlib.nullcontext():
             run = await asyncio.to_thread(start)
             batches, step = iter(run), None
             try:

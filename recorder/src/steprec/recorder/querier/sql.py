@@ -12,10 +12,11 @@ builds a huge value ignores both the interrupt and DuckDB's memory limit.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import duckdb
@@ -203,6 +204,30 @@ class SqlRefused(ValueError):
 
 class SqlTimeout(TimeoutError):
     """A query interrupted at its time limit."""
+
+
+class SqlBusy(SqlRefused):
+    """Every query slot is taken; try again shortly."""
+
+
+class QuerySlots:
+    """SQL queries and exports running at once, shared by the query service and the browser: more are refused
+    (`SqlBusy`), so analytics cannot starve the readers."""
+
+    def __init__(self, slots: int = 4) -> None:
+        self.busy_reason = f"{slots} SQL queries are running; try again shortly"
+        self._free = asyncio.Semaphore(slots)
+
+    @property
+    def busy(self) -> bool:
+        return self._free.locked()
+
+    @contextlib.asynccontextmanager
+    async def taken(self) -> AsyncIterator[None]:
+        if self.busy:
+            raise SqlBusy(self.busy_reason)
+        async with self._free:
+            yield
 
 
 def install_views(connection: duckdb.DuckDBPyConnection) -> None:
