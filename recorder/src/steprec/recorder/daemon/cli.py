@@ -41,7 +41,7 @@ def _serve(options: argparse.Namespace) -> int:
 def _demo(options: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return asyncio.run(run_demo(options.data))
+    return asyncio.run(run_demo(options.data, keep_serving=options.serve))
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -61,4 +61,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     demo.add_argument(
         "--data", type=Path, default=None, help="keep the recorder's data in this folder (default: a temporary one)"
     )
+    demo.add_argument(
+        "--serve", action="store_true",
+        help="then leave the recorder and its run browser up on the demo's data (prints the URL; Ctrl-C stops)",
+    )  # fmt: skip
     demo.set_defaults(run=_demo)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import tempfile
 from pathlib import Path
 
@@ -117,15 +119,34 @@ async def _summary(client: RecorderClient, run: RunRecord) -> str:
     return line + (f"\n             error: {error}" if error else "")
 
 
-async def run_demo(data_dir: Path | None) -> int:
+async def run_demo(data_dir: Path | None, *, keep_serving: bool = False) -> int:
+    """Record and read back the demo agents; with `keep_serving`, leave the recorder and its browser up on the
+    demo's data until Ctrl-C (or SIGTERM)."""
     with tempfile.TemporaryDirectory(prefix="steprec-demo-") as scratch:
         folder = data_dir or Path(scratch)
-        with RecorderProcess(folder) as recorder:
+        with RecorderProcess(folder, ui_listen=DEMO_UI_LISTEN if keep_serving else "off") as recorder:
             print(f"recorder: steprec serve on {recorder.endpoint}, DuckDB file in {folder}")
             await _record_and_read_back(recorder.endpoint)
             shutdown_pipelines()
+            if keep_serving:
+                await _serve_until_stopped(recorder)
         print("recorder stopped cleanly; done.")
     return 0
+
+
+DEMO_UI_LISTEN = "127.0.0.1:0"
+"""A free port: the demo must start even where a recorder already holds the default one."""
+
+
+async def _serve_until_stopped(recorder: RecorderProcess) -> None:
+    print(f"\nbrowse the demo's runs at {recorder.ui_url}")
+    print(f"or query them: steprec runs --endpoint {recorder.endpoint}")
+    print("(Ctrl-C stops the recorder)", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    await stopping.wait()
 
 
 async def _record_and_read_back(endpoint: str) -> None:

@@ -13,16 +13,28 @@ from pathlib import Path
 from . import allocators
 
 _METRICS = re.compile(r"metrics on (http://\S+)")
+_BROWSER = re.compile(r"browser on (https?://\S+)")
 _LISTENING = re.compile(r"listening on (?:(https?)://)?(\S+):(\d+)")
 
 
 class RecorderProcess:
     """`steprec serve` as a child process; `endpoint` is valid once `start()` returned."""
 
-    def __init__(self, data_dir: Path, *, listen: str = "127.0.0.1:0", extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        listen: str = "127.0.0.1:0",
+        ui_listen: str = "127.0.0.1:0",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        """`ui_listen` is where the run browser goes (`off` for none): a free port by default, so recorders
+        started side by side never contend for the default one."""
         self.data_dir = data_dir
         self.listen = listen
+        self.ui_listen = ui_listen
         self.extra_args = extra_args
+        self.ui_url = ""
         self.process: subprocess.Popen[str] | None = None
         self.endpoint = ""
         self.metrics_url = ""
@@ -39,6 +51,8 @@ class RecorderProcess:
             self.listen,
             "--data",
             str(self.data_dir),
+            "--ui-listen",
+            self.ui_listen,
         ]
         # Owner-only, like everything in the data folder; the child owns the handle for its lifetime.
         log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
@@ -57,6 +71,8 @@ class RecorderProcess:
                 break
             if match := _METRICS.search(line):
                 self.metrics_url = match[1]
+            if match := _BROWSER.search(line):
+                self.ui_url = match[1]
             if match := _LISTENING.search(line):
                 scheme = "https://" if match[1] == "https" else ""
                 self.endpoint = f"{scheme}{match[2]}:{match[3]}"

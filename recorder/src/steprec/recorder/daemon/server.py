@@ -10,6 +10,7 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -23,6 +24,7 @@ from ..ingest.otlp import LogsIngest
 from ..querier.admin_service import RecorderAdmin
 from ..querier.conversation_service import RecorderConversations
 from ..querier.query_service import RecorderQuery
+from ..querier.sql import QuerySlots
 from ..store.connection import DEFAULT_MEMORY_LIMIT_MIB, skip_pandas_lookups
 from ..store.duckdb_store import DuckDBStore
 from ..store.media import DEFAULT_THRESHOLD, open_media_store
@@ -31,6 +33,10 @@ from ..store.run_state import DEFAULT_RUN_STATE_BYTES
 from . import allocators
 from .auth import ReadableRequests, TokenAuth
 from .metrics import serve_metrics
+from .settings import DEFAULT_UI_LISTEN
+
+if TYPE_CHECKING:
+    from ..ui.serving import BrowserServer
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +78,8 @@ class ServeOptions:
     """HOST:PORT for Prometheus metrics over HTTP (GET /metrics); off when unset."""
     adopt_journals: tuple[Path, ...] = ()
     """Journal folders whose dead agents' segments this recorder delivers (plus, on loopback, its default one)."""
+    ui_listen: str | None = DEFAULT_UI_LISTEN
+    """HOST:PORT for the run browser; None: off."""
 
     def credentials(self) -> grpc.ServerCredentials | None:
         if self.tls_cert is None and self.tls_key is None:
@@ -115,7 +123,8 @@ class Recorder:
         self._server = grpc.aio.server(interceptors=interceptors)
         ingest = LogsIngest(self.store)
         self._server.add_generic_rpc_handlers((ingest.handler(),))
-        self._server.add_generic_rpc_handlers((RecorderQuery(self.store).handler(),))
+        self.sql_slots = QuerySlots()
+        self._server.add_generic_rpc_handlers((RecorderQuery(self.store, self.sql_slots).handler(),))
         admin_pb2_grpc.add_RecorderAdminServicer_to_server(RecorderAdmin(self.store), self._server)
         conversations_pb2_grpc.add_RecorderConversationsServicer_to_server(
             RecorderConversations(self.store), self._server
@@ -142,15 +151,39 @@ class Recorder:
             raise OSError(f"could not listen on {options.listen}")
         host = options.listen.rsplit(":", 1)[0]
         self.adopter = JournalAdopter(ingest, [*options.adopt_journals, *loopback_folders(host, self.port)])
+        self.browser: BrowserServer | None = None
 
     async def start(self) -> None:
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.adopter.start()
+        await self._start_browser()
+
+    async def _start_browser(self) -> None:
+        """The run browser on `ui_listen`: a taken default port is said and skipped; a port asked for is an error."""
+        options = self.options
+        if options.ui_listen is None:
+            return
+        from ..ui.app import browser_app  # the web stack is loaded only when the browser is served
+        from ..ui.serving import BrowserTLS, bind, start_browser
+
+        try:
+            sock = bind(options.ui_listen)
+        except OSError as error:
+            if options.ui_listen != DEFAULT_UI_LISTEN:
+                raise
+            logger.warning("%s; serving without the browser (choose another with --ui-listen)", error.strerror)
+            return
+        endpoint = f"{'https://' if options.tls_cert else ''}{options.listen.rsplit(':', 1)[0]}:{self.port}"
+        app = browser_app(self.store, endpoint=endpoint, token=options.token, sql_slots=self.sql_slots)
+        tls = BrowserTLS(options.tls_cert, options.tls_key, options.tls_client_ca)
+        self.browser = await start_browser(app, sock, tls)
 
     async def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
         await self._health.enter_graceful_shutdown()
         await self.adopter.stop()
+        if self.browser is not None:
+            await self.browser.stop()
         await self._server.stop(grace)
         self.store.close()
 
@@ -178,6 +211,8 @@ async def serve(options: ServeOptions) -> None:
         )
         metrics_host, metrics_port = metrics_server.sockets[0].getsockname()[:2]
         print(f"steprec metrics on http://{metrics_host}:{metrics_port}/metrics", flush=True)
+    if recorder.browser is not None:
+        print(f"steprec browser on {recorder.browser.url}", flush=True)
     scheme = "https" if options.tls_cert else "http"
     print(f"steprec recorder listening on {scheme}://{host}:{recorder.port} (data: {options.data_dir})", flush=True)
     if recorder.adopter.folders:

@@ -28,6 +28,19 @@ def listen_address(value: str) -> str:
     return value
 
 
+DEFAULT_UI_LISTEN = "127.0.0.1:4319"
+
+
+def ui_address(value: str) -> str | None:
+    """HOST:PORT for the run browser, or `off` (None)."""
+    if value.strip().lower() == "off":
+        return None
+    try:
+        return listen_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not HOST:PORT or off") from None
+
+
 def positive_int(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{value!r} is not a positive integer")
@@ -114,6 +127,9 @@ SETTINGS = (
             "folder (repeatable; the environment and config file take several, separated by ':'); a recorder on "
             "loopback also adopts its endpoint's default journal folder"),
     Setting("log_format", log_format, "text", "text for people, json for log pipelines (one object per line)"),
+    Setting("ui_listen", ui_address, DEFAULT_UI_LISTEN, "HOST:PORT to serve the run browser on (pages, /api/, "
+            "/media/; same token and TLS as gRPC); off: none. If the default port is taken, the recorder says so "
+            "and serves without it"),
     Setting("metrics_listen", listen_address, None, "HOST:PORT to serve Prometheus metrics on (GET /metrics; "
             "needs the token too when one is set); none: off"),
 )  # fmt: skip
