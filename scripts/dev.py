@@ -10,12 +10,15 @@ parts plus `steprec-query[harness]` and the pydantic-ai-harness release it is
 tested against, which pins its own pydantic-ai (so no constraints.txt there).
 Arguments after `test` go to the main suite; `test-harness [args]` runs only
 the harness suite, with them. Needs only Python 3.11+ and the package index.
+The browser tests need Chromium: where it is missing, `test` installs Debian's
+`chromium` package with apt-get (as root, or through sudo), once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -78,6 +81,31 @@ def ensure_harness_environment() -> Path:
     return ensure_venv(HARNESS_VENV, [*_editable(HARNESS_PARTS), HARNESS, *pytest_tools], HARNESS_INPUTS)
 
 
+SYSTEM_PACKAGES = {"chromium": "chromium"}
+"""Programs the tests start, by the Debian package that has them: the run browser's tests drive Chromium."""
+
+
+def ensure_system_packages() -> None:
+    """Install the Debian packages whose programs are missing; say so (the tests then fail, naming it) where
+    that cannot be done here."""
+    missing = sorted({package for program, package in SYSTEM_PACKAGES.items() if shutil.which(program) is None})
+    if not missing:
+        return
+    if shutil.which("apt-get") is None:
+        print(f"steprec: the tests need {', '.join(missing)}; install it (no apt-get here)", flush=True)
+        return
+    root = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
+    if root is None:
+        print(f"steprec: the tests need {', '.join(missing)}; install it as root", flush=True)
+        return
+    print(f"steprec: installing {', '.join(missing)} (Debian packages) for the browser tests ...", flush=True)
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = [*root, "apt-get", "install", "-y", "-q", *missing]
+    if subprocess.run(install, env=environment, stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run([*root, "apt-get", "update", "-q"], env=environment, stdout=subprocess.DEVNULL)
+        subprocess.run(install, env=environment, stdout=subprocess.DEVNULL)
+
+
 def _pytest(python: Path, args: list[str]) -> int:
     return subprocess.call([str(python), "-m", "pytest", *args], cwd=ROOT)
 
@@ -92,6 +120,7 @@ def main(argv: list[str]) -> int:
     python = ensure_environment()
     if command == "demo":
         return subprocess.call([str(python), "-m", "steprec.recorder", "demo", *rest])
+    ensure_system_packages()
     main_suite = _pytest(python, rest)
     harness_suite = _pytest(ensure_harness_environment(), ["tests/harness"])
     return main_suite or harness_suite
