@@ -152,6 +152,9 @@ def test_conversations_list_runs_in_order(served) -> None:
     assert {"demo-trip", "conv-image", "conv-crash"} <= {c["conversation_id"] for c in listed}
     trip = page(served, "/conversations/demo-trip").text
     assert trip.index(served[1].planner) < trip.rindex("planner")
+    assert 'id="head"' in trip and "Weekend in Lisbon" in trip and "Pack sunglasses" in trip  # its head's transcript
+    heads = page(served, "/api/conversations").json()["heads"]
+    assert [(head["conversation_id"], head["title"]) for head in heads] == [("demo-trip", "Weekend in Lisbon")]
 
 
 def test_sql_shows_a_table_and_downloads_csv_and_parquet(served) -> None:

@@ -112,7 +112,7 @@ def test_the_transcript_shows_tool_returns_the_image_and_the_commands(served, ta
     page.goto(f"{recorder.ui_url}runs/{runs.looker}")
     image = page.locator("img.media")
     expect(image).to_have_count(1)
-    assert image.evaluate("img => img.complete && img.naturalWidth") == 4  # the PNG, from /media/
+    assert image.evaluate("img => img.complete && img.naturalWidth") == 96  # the PNG, from /media/
     assert problems == []
 
 

@@ -17,7 +17,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from steprec.exporter import StepRecorder, shutdown_pipelines
-from steprec.query import RecorderClient, fork_run
+from steprec.query import ConversationStore, ConversationSummary, RecorderClient, continue_run, fork_run
 from steprec.recorder.daemon.demo import record_demo_runs
 
 from .agents import tool_returns
@@ -27,7 +27,7 @@ TOKEN = "ui-secret-token"
 HOSTILE = '<script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2">'
 
 
-def png(width: int = 4, height: int = 3) -> bytes:
+def png(width: int = 96, height: int = 64) -> bytes:
     """A real PNG, red, made here (no file needed)."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
@@ -90,6 +90,11 @@ async def record(endpoint: str) -> Recorded:
         await agent.run("Check again", message_history=again, metadata=again.metadata, conversation_id="demo-fork")
         shutdown_pipelines()
         refork = next(r for r in await client.list_runs(forked_from_run_id=fork.run_id))
+        latest = by_agent["planner"][-1]
+        async with ConversationStore(client) as heads:  # the head a multi-turn application keeps
+            summary = ConversationSummary(id="demo-trip", workspace="/demo", title="Weekend in Lisbon",
+                                          title_source="user", run_id=latest.run_id, outcome="completed")  # fmt: skip
+            await heads.save(summary=summary, messages=await continue_run(client, run_id=latest.run_id))
     return Recorded(
         planner=planner.run_id,
         librarian=by_agent["librarian"][0].run_id,
