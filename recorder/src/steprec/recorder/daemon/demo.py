@@ -126,7 +126,7 @@ async def run_demo(data_dir: Path | None, *, keep_serving: bool = False) -> int:
         folder = data_dir or Path(scratch)
         with RecorderProcess(folder, ui_listen=DEMO_UI_LISTEN if keep_serving else "off") as recorder:
             print(f"recorder: steprec serve on {recorder.endpoint}, DuckDB file in {folder}")
-            await _record_and_read_back(recorder.endpoint)
+            await record_demo_runs(recorder.endpoint)
             shutdown_pipelines()
             if keep_serving:
                 await _serve_until_stopped(recorder)
@@ -149,7 +149,7 @@ async def _serve_until_stopped(recorder: RecorderProcess) -> None:
     await stopping.wait()
 
 
-async def _record_and_read_back(endpoint: str) -> None:
+async def record_demo_runs(endpoint: str) -> None:
     planner, _, booker = _build_agents(endpoint)
 
     print("\n1. recording: planner (3 tool calls, one delegating to the librarian sub-agent)")

@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from ..store.media import URI_PREFIX, MediaCorrupt
 from .params import NotFound, Params, sha256
-from .transcript import Media
+from .transcript import shown_as
 
 BLOB_POLICY = "sandbox; default-src 'none'; img-src 'self'; media-src 'self'; style-src 'unsafe-inline'"
 
@@ -37,6 +37,6 @@ async def blob(request: Request) -> Response:
         raise NotFound(f"no stored message refers to {uri}")
     media_type, data = found
     headers = {"Content-Security-Policy": BLOB_POLICY, "Cache-Control": "private, max-age=31536000, immutable"}
-    if Media(request.url.path, media_type).shown_as == "link" and not media_type.startswith("text/plain"):
+    if shown_as(media_type) == "link" and not media_type.startswith("text/plain"):
         headers["Content-Disposition"] = f'attachment; filename="{digest[:16]}"'
     return Response(data, media_type=media_type, headers=headers)

@@ -26,6 +26,14 @@ ROLES = {
     "file": "model file",
 }
 _INLINE_KINDS = ("image/", "audio/", "video/")
+_URL_KINDS = ("image-url", "audio-url", "video-url", "document-url")
+
+
+def shown_as(media_type: str) -> str:
+    """`image`, `audio`, `video`, or `link` (anything else, SVG included: a page never embeds active content)."""
+    if media_type == "image/svg+xml" or not media_type.startswith(_INLINE_KINDS):
+        return "link"
+    return media_type.split("/", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -35,13 +43,10 @@ class Media:
     href: str
     media_type: str
     size_note: str = ""
+    shown_as: str = field(init=False)
 
-    @property
-    def shown_as(self) -> str:
-        """`image`, `audio`, `video`, or `link` (anything else, SVG included: a page never embeds active content)."""
-        if self.media_type == "image/svg+xml" or not self.media_type.startswith(_INLINE_KINDS):
-            return "link"
-        return self.media_type.split("/", 1)[0]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shown_as", shown_as(self.media_type))
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,10 @@ def _media_in(node: object) -> list[Media]:
         if marker.get("field") == "content":
             return [Media(href, "text/plain", "the full text, stored apart for its size")]
         return [Media(href, _text(node.get("media_type")) or "application/octet-stream")]
-    if node.get("kind") in ("image-url", "audio-url", "video-url", "document-url") and isinstance(node.get("url"), str):
-        return [Media(node["url"], node["kind"].replace("-url", "/*"), "an address the model was given")]
+    url = node.get("url")
+    if node.get("kind") in _URL_KINDS and isinstance(url, str) and url.startswith(("https://", "http://")):
+        # A link, never embedded: the page loads nothing from elsewhere (its policy would refuse it anyway).
+        return [Media(url, node["kind"], "an address the model was given")]
     return [media for value in node.values() for media in _media_in(value)]
 
 
