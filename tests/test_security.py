@@ -6,8 +6,10 @@ import asyncio
 import json
 import os
 import secrets
+import ssl
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -145,6 +147,24 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate(tmp_path: Path,
     finally:
         shutdown_pipelines()
         recorder.stop()
+
+
+def test_the_browser_is_served_over_the_recorders_tls(tmp_path: Path, certificates: Path) -> None:
+    """Same certificate as gRPC; with a client CA, a browser without a client certificate gets no page."""
+    ca, cert, key = (certificates / n for n in ("ca.pem", "client.pem", "client.key"))
+    for mutual in (False, True):
+        recorder = _tls_recorder(tmp_path / str(mutual), certificates, mutual=mutual)
+        try:
+            assert recorder.ui_url.startswith("https://127.0.0.1:")
+            trusting = ssl.create_default_context(cafile=ca)
+            if mutual:
+                with pytest.raises(OSError):
+                    urllib.request.urlopen(recorder.ui_url + "api/runs", context=trusting, timeout=10).read()
+                trusting.load_cert_chain(cert, key)
+            with urllib.request.urlopen(recorder.ui_url + "api/runs", context=trusting, timeout=10) as answer:
+                assert json.loads(answer.read()) == {"runs": [], "next": None}
+        finally:
+            recorder.stop()
 
 
 def _steprec(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
