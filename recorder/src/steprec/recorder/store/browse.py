@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 
 from .media import MARKER
-from .reads import Reads
+from .reads import Reads, run_filters
 
 NEWEST_FIRST = "ORDER BY started_at_ns DESC, write_seq DESC"
 _ENDED_KINDS = {"completed": "run_completed", "failed": "run_failed"}
@@ -34,25 +34,13 @@ class BrowseReads(Reads):
     ) -> list[dict]:
         """Runs newest first, `limit` of them, older than `before` (a previous page's last `(started_at_ns,
         write_seq)`). The filter and the limit are applied to `runs` alone, before outcomes are joined."""
-        filters, params = [], []
-        for column, value in (("agent_name", agent_name), ("conversation_id", conversation_id)):
-            if value is not None:
-                filters.append(f"r.{column} = ?")
-                params.append(value)
+        equal = {"agent_name": agent_name, "conversation_id": conversation_id}
+        filters, params = run_filters(equal, started_at_or_after_ns, started_before_ns, before=before)
         if outcome == "running":
             filters.append("r.end_kind IS NULL")
         elif outcome is not None:
             filters.append("r.end_kind = ?")
             params.append(_ENDED_KINDS[outcome])
-        if started_at_or_after_ns is not None:
-            filters.append("epoch_ns(r.started_at) >= ?")
-            params.append(started_at_or_after_ns)
-        if started_before_ns is not None:
-            filters.append("epoch_ns(r.started_at) < ?")
-            params.append(started_before_ns)
-        if before is not None:
-            filters.append("(epoch_ns(r.started_at) < ? OR (epoch_ns(r.started_at) = ? AND r.write_seq < ?))")
-            params.extend([before[0], before[0], before[1]])
         chosen = (
             f"SELECT r.*, 0 AS depth FROM runs r WHERE {' AND '.join(filters) or 'true'}"
             f" ORDER BY r.started_at DESC, r.write_seq DESC LIMIT {int(limit)}"
@@ -62,13 +50,13 @@ class BrowseReads(Reads):
     def recovery_runs(self, *, limit: int, before: tuple[int, int] | None = None) -> list[dict]:
         """Failed runs and runs with a tool call that may or may not have happened, newest first, each with
         `unresolved` (how many such calls)."""
-        page, params = "", []
-        if before is not None:
-            page = " AND (epoch_ns(r.started_at) < ? OR (epoch_ns(r.started_at) = ? AND r.write_seq < ?))"
-            params = [before[0], before[0], before[1]]
+        filters, params = run_filters({}, before=before)
+        needing = (
+            "(r.end_kind = 'run_failed'"
+            " OR r.run_id IN (SELECT run_id FROM recorded.tool_effects WHERE status = 'started'))"
+        )
         chosen = (
-            "SELECT r.*, 0 AS depth FROM runs r WHERE (r.end_kind = 'run_failed' OR r.run_id IN"
-            f" (SELECT run_id FROM recorded.tool_effects WHERE status = 'started')){page}"
+            f"SELECT r.*, 0 AS depth FROM runs r WHERE {' AND '.join([needing, *filters])}"
             f" ORDER BY r.started_at DESC, r.write_seq DESC LIMIT {int(limit)}"
         )
         runs = self._runs("", chosen, params, NEWEST_FIRST, [])

@@ -188,26 +188,9 @@ class Reads:
 
         `after` is the `(started_at_ns, write_seq)` of the last run of a previous page.
         """
-        filters, params = [], []
-        for column, value in (
-            ("run_id", run_id),
-            ("conversation_id", conversation_id),
-            ("parent_run_id", parent_run_id),
-            ("agent_name", agent_name),
-            ("forked_from_run_id", forked_from_run_id),
-        ):
-            if value is not None:
-                filters.append(f"r.{column} = ?")
-                params.append(value)
-        if started_at_or_after_ns is not None:
-            filters.append("epoch_ns(r.started_at) >= ?")
-            params.append(started_at_or_after_ns)
-        if started_before_ns is not None:
-            filters.append("epoch_ns(r.started_at) < ?")
-            params.append(started_before_ns)
-        if after is not None:
-            filters.append("(epoch_ns(r.started_at) > ? OR (epoch_ns(r.started_at) = ? AND r.write_seq > ?))")
-            params.extend([after[0], after[0], after[1]])
+        equal = {"run_id": run_id, "conversation_id": conversation_id, "parent_run_id": parent_run_id,
+                 "agent_name": agent_name, "forked_from_run_id": forked_from_run_id}  # fmt: skip
+        filters, params = run_filters(equal, started_at_or_after_ns, started_before_ns, after=after)
         chosen = f"SELECT r.*, 0 AS depth FROM runs r WHERE {' AND '.join(filters) or 'true'}"
         bound = f" LIMIT {int(limit)}" if limit else ""
         if outcome is not None:
@@ -313,6 +296,36 @@ class Reads:
                     [run_id, tool_call_id, tool_call_id, unresolved_only],
                 )
             )
+
+
+def run_filters(
+    equal: dict[str, str | None],
+    started_at_or_after_ns: int | None = None,
+    started_before_ns: int | None = None,
+    *,
+    after: tuple[int, int] | None = None,
+    before: tuple[int, int] | None = None,
+) -> tuple[list[str], list]:
+    """SQL conditions on `runs r` and their parameters: columns equal to the values given (None: any), a start
+    range, and a page's bound, runs after (or before) a `(started_at_ns, write_seq)`."""
+    filters, params = [], []
+    for column, value in equal.items():
+        if value is not None:
+            filters.append(f"r.{column} = ?")
+            params.append(value)
+    if started_at_or_after_ns is not None:
+        filters.append("epoch_ns(r.started_at) >= ?")
+        params.append(started_at_or_after_ns)
+    if started_before_ns is not None:
+        filters.append("epoch_ns(r.started_at) < ?")
+        params.append(started_before_ns)
+    for bound, beyond in ((after, ">"), (before, "<")):
+        if bound is not None:
+            filters.append(
+                f"(epoch_ns(r.started_at) {beyond} ? OR (epoch_ns(r.started_at) = ? AND r.write_seq {beyond} ?))"
+            )
+            params.extend([bound[0], bound[0], bound[1]])
+    return filters, params
 
 
 def _deeper_registration(run_id: str):
