@@ -56,6 +56,7 @@ from steprec.recorder.querier.sql import UNLIMITED
 from steprec.recorder.store.connection import skip_pandas_lookups
 from steprec.recorder.store.duckdb_store import DuckDBStore
 
+from benchmarks import browser_pages
 from benchmarks.common import (
     LongRun,
     Outcome,
@@ -364,6 +365,12 @@ class TimedCursor:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cursor, name)
 
+    def __enter__(self) -> TimedCursor:  # the reads use their cursor as a context manager, closing it after
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._cursor.close()
+
 
 SLOW_SECONDS = 5.0
 """A store call slower than this is timed once, not repeated."""
@@ -579,6 +586,10 @@ async def fill_and_read(folder: Path, config: dict, long: LongRun) -> dict[str, 
             facts["harness_fill"] = await fill_harness(long.harness_database, runs, config["register"])
             long_runs = (steprec_long, harness_long)
             facts.update(await live_reads(client, store, long.harness_database, runs, config, long_runs))
+            _progress(f"timing the run browser's pages at {recorder.ui_url}")
+            facts["browser"] = await asyncio.to_thread(
+                browser_pages.measure, recorder.ui_url, root=run_id(0), long_run=steprec_long, repeats=config["repeats"]
+            )
     finally:
         shutdown_pipelines()
         try:
@@ -618,7 +629,7 @@ def targets(config: dict, facts: dict[str, Any]) -> list[Target]:
         measured = f"failed: {mine.error}" if mine.error else f"p50 {mine.pct(0.5) * 1000:,.1f} ms{scale}"
         met = not mine.error and mine.pct(0.5) * 1000 <= TARGETS_MS[key]
         found.append(Target(5, target + " (on 100,000 runs)", measured, met if stated else None))
-    return found
+    return found + browser_pages.targets(facts["browser"], stated=stated, scale=scale)
 
 
 def main(quick: bool, workspace: Workspace) -> Outcome:
@@ -812,6 +823,7 @@ def sections(config: dict, facts: dict[str, Any]) -> dict[str, str]:
         "reads": reads_table(config, facts),
         "reads_trees": trees_table(config, facts),
         "reads_continue": continue_pieces(facts),
+        "reads_browser": browser_pages.table(facts["browser"]),
     }
 
 
@@ -822,6 +834,8 @@ def render(quick: bool, config: dict, facts: dict[str, Any]) -> str:
         "## Reads",
         reads_table(config, facts),
         trees_table(config, facts),
+        "## The run browser's pages",
+        browser_pages.table(facts["browser"]),
         "## Filling",
         fill_table(config, facts),
         "## Where steprec's time goes",
