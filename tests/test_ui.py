@@ -13,6 +13,8 @@ from urllib.parse import quote
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from steprec.recorder.daemon.process import RecorderProcess
 from steprec.recorder.ui.serving import bind
 
@@ -215,3 +217,27 @@ def test_a_bad_ui_listen_value_is_refused_with_the_reason(tmp_path: Path) -> Non
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode != 0 and "--ui-listen: 'everywhere' is not HOST:PORT or off" in done.stderr
+
+
+PAGES = ["/", "/runs/{run}", "/runs/{run}/tree", "/conversations", "/conversations/{text}", "/recovery", "/sql",
+         "/api/runs", "/api/runs/{run}", "/api/runs/{run}/below", "/api/conversations", "/api/recovery", "/api/sql",
+         "/media/{text}", "/login"]  # fmt: skip
+NAMES = ["agent", "conversation", "outcome", "since", "until", "after", "snapshot", "page", "offset", "q", "format",
+         "next", "x"]  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    path=st.sampled_from(PAGES),
+    segment=st.text(min_size=1, max_size=40),
+    query=st.lists(st.tuples(st.sampled_from(NAMES), st.text(max_size=40)), max_size=4),
+)
+def test_whatever_a_stranger_sends_is_answered_without_a_server_error(served, path, segment, query) -> None:
+    """Random paths and parameters: a page, a 400 or a 404 (or a sign-in redirect), never a 500; and the
+    browser keeps serving everyone else."""
+    url = path.format(run=quote(segment, safe=""), text=quote(segment, safe=""))
+    if query:
+        url += "?" + "&".join(f"{quote(name)}={quote(value, safe='')}" for name, value in query)
+    answer = page(served, url)
+    assert answer.status in (200, 303, 400, 404), (url, answer.status, answer.body[:300])
+    assert page(served, "/api/recovery").status == 200
