@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 HARNESS_VENV = ROOT / ".venv-harness"
-PARTS = ["proto", "exporter", "recorder[demo]", "query"]
+PARTS = ["proto", "exporter", "recorder[demo,lake]", "query"]
 HARNESS_PARTS = ["proto", "exporter", "recorder", "query[harness]"]
 HARNESS = "pydantic-ai-harness==0.62.0"
 PART_PROJECTS = [ROOT / p.split("[")[0] / "pyproject.toml" for p in PARTS]

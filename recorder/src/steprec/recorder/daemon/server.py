@@ -21,6 +21,7 @@ from steprec.proto.query.v1 import query_pb2
 
 from ..ingest.journal_adoption import JournalAdopter, loopback_folders
 from ..ingest.otlp import LogsIngest
+from ..lake.location import LakeLocation
 from ..querier.admin_service import RecorderAdmin
 from ..querier.conversation_service import RecorderConversations
 from ..querier.query_service import RecorderQuery
@@ -80,6 +81,20 @@ class ServeOptions:
     """Journal folders whose dead agents' segments this recorder delivers (plus, on loopback, its default one)."""
     ui_listen: str | None = DEFAULT_UI_LISTEN
     """HOST:PORT for the run browser; None: off."""
+    lake: str | None = None
+    """A DuckLake catalog string (docs/lake.md): store there, with other recorders, instead of the DuckDB file."""
+    lake_data: str | None = None
+    """The lake's data: s3://bucket/prefix or a folder."""
+
+    def lake_location(self) -> LakeLocation | None:
+        if (self.lake is None) != (self.lake_data is None):
+            raise ValueError("--lake and --lake-data go together: the catalog and where its data files go")
+        if self.lake is None:
+            return None
+        return LakeLocation(
+            self.lake, self.lake_data, s3_endpoint_url=self.s3_endpoint_url, s3_region=self.s3_region,
+            s3_access_key_id=self.s3_access_key_id, s3_secret_access_key=self.s3_secret_access_key,
+        )  # fmt: skip
 
     def credentials(self) -> grpc.ServerCredentials | None:
         if self.tls_cert is None and self.tls_key is None:
@@ -100,6 +115,7 @@ class Recorder:
 
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
+        lake = options.lake_location()
         self.store = DuckDBStore(
             options.data_dir / DATABASE_NAME,
             fsync=options.fsync,
@@ -108,8 +124,9 @@ class Recorder:
             message_cache_bytes=options.message_cache_mib << 20,
             run_state_bytes=options.run_state_mib << 20,
             media_threshold=options.media_threshold,
+            lake=lake,
             media_store=open_media_store(
-                options.media,
+                options.media or (lake.media_location() if lake else None),
                 options.data_dir,
                 fsync=options.fsync,
                 endpoint_url=options.s3_endpoint_url,

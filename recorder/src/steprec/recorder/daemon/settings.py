@@ -108,6 +108,12 @@ SETTINGS = (
     Setting("run_state_mib", positive_int, DEFAULT_RUN_STATE_BYTES >> 20, "memory for ingest's state of recently "
             "written runs (replay keys, last references), in MiB; a run dropped beyond it is loaded from the "
             "database when it returns"),
+    Setting("lake", str, None, "store in a DuckLake that many recorders share instead of the DuckDB file: its "
+            "catalog, postgres:dbname=... host=... user=... (or a .ducklake file, for one recorder); needs "
+            "--lake-data (docs/lake.md)"),
+    Setting("lake_data", str, None, "where the lake's Parquet files go: s3://bucket/prefix (S3-compatible, with "
+            "--s3-endpoint-url and the usual AWS credentials) or a folder; media blobs go beside it, "
+            "<lake-data>-media, unless --media says otherwise"),
     Setting("media", str, None, "where media blobs go: s3://bucket/prefix (S3-compatible; credentials from the "
             "usual AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment or AWS config) or a folder; "
             "none: <data>/media"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -230,19 +231,36 @@ class QuerySlots:
             yield
 
 
-def install_views(connection: duckdb.DuckDBPyConnection) -> None:
-    """(Re)create the views on open, so they always match this release's tables."""
-    connection.execute("CREATE SCHEMA IF NOT EXISTS recorded")
+_TABLES = re.compile(r"\bmain\.")
+"""Where the views name the tables they read."""
+
+
+def install_views(connection: duckdb.DuckDBPyConnection, *, lake: str | None = None) -> None:
+    """(Re)create the views on open, so they always match this release's tables.
+
+    A file keeps them in its schema `recorded`. A lake's tables are shared by recorders of several releases,
+    so each recorder keeps its own views in an in-memory catalog named `recorded` over `<lake>.main`: queries
+    name them `recorded.runs` in both modes.
+    """
+    if lake is None:
+        connection.execute("CREATE SCHEMA IF NOT EXISTS recorded")
+        place, tables = "recorded", "main."
+    else:
+        connection.execute("ATTACH IF NOT EXISTS ':memory:' AS recorded")
+        place, tables = "recorded.main", f"{lake}.main."
     for name, body in VIEWS.items():
-        connection.execute(f"CREATE OR REPLACE VIEW recorded.{name} AS {body}")
+        connection.execute(f"CREATE OR REPLACE VIEW {place}.{name} AS {_TABLES.sub(tables, body)}")
 
 
-def lock_down(connection: duckdb.DuckDBPyConnection) -> None:
+def lock_down(connection: duckdb.DuckDBPyConnection, *, allowed_directories: list[str] = ()) -> None:
     """No file, network or extension access for any SQL from now on, and no way to turn it back on.
 
     The recorder itself never needs DuckDB to touch a file other than its database: the
-    write-ahead log, media blobs and exports are written in Python.
+    write-ahead log, media blobs and exports are written in Python. A lake's data folder or S3
+    prefix (`allowed_directories`) stays readable and writable: its Parquet files are the tables.
     """
+    if allowed_directories:
+        connection.execute("SET allowed_directories = ?", [list(allowed_directories)])
     connection.execute("SET enable_external_access = false")
     connection.execute("SET lock_configuration = true")
 

@@ -67,6 +67,11 @@ FIXED_RESULT = {"+", "-", "*", "/", "//", "%", "**", "^", "=", "!=", "<>", "<", 
 """Functions and operators whose result is one fixed-size value, whatever their arguments."""
 RUNS_SQL = {"query", "json_execute_serialized_sql"}
 """Table functions that run SQL given as a value, which this check never sees: refused."""
+OUTSIDE_PREFIXES = ("postgres_", "ducklake_")
+"""Functions of the lake's extensions: they reach the catalog database itself (postgres_query runs its SQL
+there, outside any read-only transaction) or change the lake (ducklake_expire_snapshots): refused."""
+CATALOG_DATABASE = "__ducklake_metadata"
+"""What DuckLake names the catalog database it attaches: its tables are the lake's bookkeeping, not records."""
 FIXED_CLASSES = {"COMPARISON", "CONJUNCTION", "BETWEEN", "POSITIONAL_REFERENCE"}
 SUM_CLASSES = {"OPERATOR", "CASE", "COLLATE", "WINDOW", "STAR", "CAST"}
 QUERY_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
@@ -150,6 +155,8 @@ class SizeCheck:
         if kind not in TABLE_REFS:
             raise SizeRefused(f"the query reads from something the size check does not know ({kind})")
         if kind == "BASE_TABLE":
+            if ref.get("catalog_name", "").lower().startswith(CATALOG_DATABASE):
+                raise SizeRefused("the lake's catalog database is not for queries; read the recorded views")
             return scope.ctes.get(ref["table_name"].lower(), COLUMN_BYTES) if not ref["schema_name"] else COLUMN_BYTES
         if kind == "JOIN":
             joined = max(self._table(ref["left"], scope), self._table(ref["right"], scope))
@@ -162,6 +169,7 @@ class SizeCheck:
             name = function["function_name"].lower()
             if self.aliases.get(name, name) in RUNS_SQL:
                 raise SizeRefused(f"{name}() runs SQL text the size check cannot read; it is refused")
+            _refuse_outside(name)
             for child in function.get("children", []):
                 self._bound(child, scope)
             return COLUMN_BYTES
@@ -218,6 +226,7 @@ class SizeCheck:
     def _function(self, node: dict, scope: _Scope) -> int:
         name = node["function_name"].lower()
         name = self.aliases.get(name, name)
+        _refuse_outside(name)
         children = node.get("children", [])
         extras = {k: node.get(k) for k in ("filter", "order_bys")}
         self._walk_expressions(extras, scope)
@@ -269,6 +278,11 @@ class SizeCheck:
                 f" {COLUMN_BYTES:,}; the limit is {VALUE_LIMIT_BYTES:,}"
             )
         return bound
+
+
+def _refuse_outside(name: str) -> None:
+    if name.startswith(OUTSIDE_PREFIXES):
+        raise SizeRefused(f"{name}() reaches outside the recorded data; it is not allowed")
 
 
 def factor(name: str) -> int:

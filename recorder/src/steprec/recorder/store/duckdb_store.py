@@ -15,6 +15,9 @@ import pyarrow as pa
 
 from ..daemon.metrics import MemoryUse, Metrics
 from ..ingest.decode import Refusal, StepRecord
+from ..lake.freshness import LakeWatcher
+from ..lake.location import LakeLocation
+from ..lake.opening import open_lake
 from ..querier.sql import install_views, lock_down
 from .applier import Applier
 from .browse import BrowseReads
@@ -34,8 +37,8 @@ from .write_path import WritePath, load_filter
 
 
 class DuckDBStore(BrowseReads):
-    """A steprec database in one DuckDB file: `ingest`, the reads (`Reads`, `BrowseReads`), conversation
-    heads, `prune`, `close`."""
+    """A steprec database in one DuckDB file, or in a lake many recorders share (`lake=`): `ingest`, the reads
+    (`Reads`, `BrowseReads`), conversation heads, `prune`, `close`."""
 
     def __init__(
         self,
@@ -48,12 +51,19 @@ class DuckDBStore(BrowseReads):
         media_store: MediaStore | None = None,
         message_cache_bytes: int = DEFAULT_CACHE_BYTES,
         run_state_bytes: int = DEFAULT_RUN_STATE_BYTES,
+        lake: LakeLocation | None = None,
     ) -> None:
         self.path = path
-        self._connection = open_database(path, memory_limit_mib)
-        migrate(self._connection)
-        install_views(self._connection)
-        lock_down(self._connection)
+        """The DuckDB file, or in lake mode where it would be: its folder holds the log either way."""
+        self._lake = open_lake(lake, path.parent, memory_limit_mib) if lake else None
+        if self._lake is None:
+            self._connection = open_database(path, memory_limit_mib)
+            migrate(self._connection)
+            install_views(self._connection)
+            lock_down(self._connection)
+            target = DuckDBTarget(self._connection)
+        else:
+            self._connection, target = self._lake.connection, self._lake.target
         self.metrics = Metrics()
         self._media = MediaCodec(media_store or LocalMediaStore(path.parent / "media", fsync=fsync),
                                  threshold=media_threshold)  # fmt: skip
@@ -62,12 +72,18 @@ class DuckDBStore(BrowseReads):
         self._choices = choices
         self._wal = WriteAheadLog(path.parent / "wal", fsync=fsync)
         self._stored = StoredMessages(lambda: load_filter(self._connection, "SELECT digest FROM messages", bytes))
-        self._applier = Applier(DuckDBTarget(self._connection), self._wal, self._stored, self.metrics,
-                                on_snapshots_changed=choices.changed)  # fmt: skip
+        self._applier = Applier(target, self._wal, self._stored, self.metrics, on_snapshots_changed=choices.changed)
+        fleet = self._lake.fleet if self._lake else None
         self._write = WritePath(
             self._connection, self._wal, self._applier, self._stored, self._media, bodies,
             run_state_bytes=run_state_bytes, max_snapshots_per_run=max_snapshots_per_run,
+            sequence=self._lake.sequence if self._lake else None, claim_run=fleet.claim_run if fleet else None,
         )  # fmt: skip
+        self._watcher = (
+            LakeWatcher(self._connection, self._lake.name, self._lake.recorder_id, choices.changed_all)
+            if self._lake
+            else None
+        )
         Reads.__init__(self, self._connection, self._applier, lambda: self._wal.last_sequence, self._media, bodies,
                        choices)  # fmt: skip
         self.conversations = ConversationWrites(self._connection, self._applier, self._write,
@@ -139,7 +155,12 @@ class DuckDBStore(BrowseReads):
 
     def close(self) -> None:
         """Apply everything acknowledged, then close the log and the database."""
+        if self._watcher is not None:
+            self._watcher.close()
         self._applier.close()
         with self._write.lock:
             self._wal.close(applied=self._applier.applied)
-            self._connection.close()
+            if self._lake is not None:
+                self._lake.close()
+            else:
+                self._connection.close()

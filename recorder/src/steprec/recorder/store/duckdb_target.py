@@ -29,7 +29,10 @@ acknowledged request on a passing failure would lose it.
 
 
 class DuckDBTarget:
-    """Writes staged batches into the DuckDB file, and remembers there how far the log is applied."""
+    """Writes staged batches into the DuckDB file, and remembers there how far the log is applied.
+
+    `LakeTarget` (lake/target.py) writes the same rows into a lake and keeps its position per recorder.
+    """
 
     def __init__(self, connection: duckdb.DuckDBPyConnection) -> None:
         self._connection = connection
@@ -45,7 +48,7 @@ class DuckDBTarget:
         pruned = [seq for _, entry in entries for seq in entry_parts(entry)[2]]
         cursor = self._connection.cursor()
         try:
-            cursor.execute("BEGIN")
+            self._begin(cursor)
             insert(cursor, tables)
             if "runs" in tables:  # their places in the run forest, and their late children's
                 link(cursor, tables["runs"])
@@ -55,7 +58,7 @@ class DuckDBTarget:
                 cursor.execute(
                     "UPDATE snapshots SET pruned = true, refs = ''::BLOB WHERE list_contains(?, write_seq)", [pruned]
                 )
-            cursor.execute("UPDATE steprec_wal SET applied_seq = ?", [entries[-1][0]])
+            self._record_applied(cursor, entries[-1][0])
             cursor.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(duckdb.TransactionException):  # a failed COMMIT already ended it
@@ -69,4 +72,11 @@ class DuckDBTarget:
     def skip(self, sequence: int) -> None:
         """Count an entry that is set aside as applied, writing nothing of it."""
         with self._connection.cursor() as cursor:
-            cursor.execute("UPDATE steprec_wal SET applied_seq = ?", [sequence])
+            self._record_applied(cursor, sequence)
+
+    def _begin(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        cursor.execute("BEGIN")
+
+    def _record_applied(self, cursor: duckdb.DuckDBPyConnection, sequence: int) -> None:
+        """Remember, in the transaction that applies it, the last log entry applied."""
+        cursor.execute("UPDATE steprec_wal SET applied_seq = ?", [sequence])

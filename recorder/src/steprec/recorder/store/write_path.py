@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import duckdb
 from steprec.proto import wire
@@ -37,6 +37,7 @@ from .connection import CursorOnDemand, fetch_one
 from .digests import DigestFilter
 from .media import MediaCodec
 from .run_state import RunState, RunStates
+from .sequence import Counter
 from .snapshot_refs import FULL_REFS_EVERY, rebuild_refs
 from .stored_messages import StoredMessages
 from .wal import WriteAheadLog
@@ -124,6 +125,8 @@ class WritePath:
         *,
         run_state_bytes: int,
         max_snapshots_per_run: int | None,
+        sequence: Callable[[], int] | None = None,
+        claim_run: Callable[[str, str], str] | None = None,
     ) -> None:
         self.lock = threading.Lock()
         """Held for each request, and by prune for its whole duration."""
@@ -139,11 +142,16 @@ class WritePath:
         self._stale_runs: dict[str, int] = {}
         """Runs whose state must be reloaded, and the log sequence that must be applied first."""
         self.run_ids = self._load_run_filter()
-        self._next_seq = 1 + fetch_one(
-            connection,
-            "SELECT greatest((SELECT max(write_seq) FROM runs), (SELECT max(write_seq) FROM events),"
-            " (SELECT max(write_seq) FROM snapshots), (SELECT max(write_seq) FROM tool_effects),"
-            " (SELECT max(write_seq) FROM conversations), (SELECT max(write_seq) FROM conversation_heads), 0)",
+        self._claim_run = claim_run
+        """Where a lake's recorders claim run ids (`lake.fleet.Fleet.claim_run`); None when this store is alone."""
+        self._seq = sequence or Counter(
+            1
+            + fetch_one(
+                connection,
+                "SELECT greatest((SELECT max(write_seq) FROM runs), (SELECT max(write_seq) FROM events),"
+                " (SELECT max(write_seq) FROM snapshots), (SELECT max(write_seq) FROM tool_effects),"
+                " (SELECT max(write_seq) FROM conversations), (SELECT max(write_seq) FROM conversation_heads), 0)",
+            )
         )
 
     def _load_run_filter(self) -> DigestFilter:
@@ -262,10 +270,6 @@ class WritePath:
             del self._stale_runs[run_id]
             self.states.drop(run_id)
 
-    def _seq(self) -> int:
-        self._next_seq += 1
-        return self._next_seq - 1
-
     def _state(self, cursor: duckdb.DuckDBPyConnection, run_id: str) -> RunState:
         """What ingest knows of a run: kept in memory once seen, else loaded from the database.
 
@@ -321,11 +325,9 @@ class WritePath:
         lineage = record.lineage
         if record.kind == "run_started":
             if state.registration_id is not None and state.registration_id != record.registration_id:
-                raise Malformed(
-                    wire.REFUSED_RUN_ID_TAKEN,
-                    f"run_id {lineage.run_id!r} is already registered by another Agent.run; run ids are single-use",
-                )
+                raise _run_id_taken(lineage.run_id)
             if state.registration_id is None:
+                self._claim(lineage.run_id, record.registration_id)
                 state.registration_id = record.registration_id
                 state.run_seq = self._seq()
                 if record.max_snapshots is not None:
@@ -362,6 +364,18 @@ class WritePath:
             metadata=list(record.metadata.items()),
         )
         return True
+
+    def _claim(self, run_id: str, registration_id: str) -> None:
+        """Claim the run id among the lake's recorders: another recorder may have registered it moments ago, which
+        neither this recorder's state nor the lake shows yet."""
+        if self._claim_run is None:
+            return
+        try:
+            holder = self._claim_run(run_id, registration_id)
+        except duckdb.Error as error:
+            raise StoreUnavailable(f"the lake's catalog cannot claim run ids now: {error}") from error
+        if holder != registration_id:
+            raise _run_id_taken(run_id)
 
     def _stage_message(self, request: _Request, digest: bytes, text: str, size: int) -> None:
         """Store a new message once, its media as blobs, and which blobs it refers to."""
@@ -493,6 +507,13 @@ class WritePath:
         state.last_index, state.last_refs = record.snapshot_index, refs
         state.chain_depth = 0 if store_full else state.chain_depth + 1
         return True
+
+
+def _run_id_taken(run_id: str) -> Malformed:
+    return Malformed(
+        wire.REFUSED_RUN_ID_TAKEN,
+        f"run_id {run_id!r} is already registered by another Agent.run; run ids are single-use",
+    )
 
 
 def _carried(records: list[StepRecord], bodies: dict[int, Bodies]) -> set[bytes]:

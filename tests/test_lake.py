@@ -1,0 +1,220 @@
+"""Lake mode: three recorders (separate processes) share one DuckLake, its catalog in a real PostgreSQL and its
+data on moto's S3 server; agents record through each, and every read is asked of the others."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+from steprec.exporter import _records, shutdown_pipelines
+from steprec.exporter._otlp import RequestEnvelope
+from steprec.proto import wire
+from steprec.query import RecorderClient, continue_run, fork_run
+from steprec.recorder.daemon.process import RecorderProcess
+
+from .agents import echo_agent
+from .crash_agent import eventually
+from .lake_services import postgres, s3_server
+
+FRESH_SECONDS = 2.0
+"""Issue 22: any recorder answers for records another acknowledged at most this long ago."""
+
+
+class Lake:
+    def __init__(self, catalog: str, s3_endpoint: str, folder: Path) -> None:
+        self.catalog, self.s3_endpoint, self.folder = catalog, s3_endpoint, folder
+        self.recorders = [self.recorder(f"recorder-{i}") for i in range(3)]
+
+    def args(self) -> tuple[str, ...]:
+        return ("--lake", self.catalog, "--lake-data", "s3://steprec/lake", "--s3-endpoint-url", self.s3_endpoint)
+
+    def recorder(self, name: str) -> RecorderProcess:
+        return RecorderProcess(self.folder / name, ui_listen="off", extra_args=self.args())
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
+    with postgres() as pg, s3_server("steprec") as s3:
+        lake = Lake(f"postgres:{pg}", s3, tmp_path_factory.mktemp("lake"))
+        for recorder in lake.recorders:
+            recorder.start(timeout=60)
+        try:
+            yield lake
+        finally:
+            shutdown_pipelines()
+            for recorder in lake.recorders:
+                recorder.stop()
+
+
+async def _seen_within(read, seconds: float = FRESH_SECONDS):
+    """`read()` until it answers something, failing if that takes more than `seconds`."""
+    started = time.monotonic()
+    value = await eventually(read, seconds=seconds)
+    assert value, f"not seen within {seconds} s"
+    return value, time.monotonic() - started
+
+
+async def test_every_recorder_answers_every_read_for_runs_recorded_through_another(lake: Lake) -> None:
+    conversation = f"conv-{uuid.uuid4().hex[:8]}"
+    results = []
+    for recorder in lake.recorders:  # one run through each recorder, in one conversation
+        results.append(await echo_agent(recorder.endpoint, calls=3).run("go", conversation_id=conversation))
+    run_ids = {result.run_id for result in results}
+    for reader in lake.recorders:
+        async with RecorderClient(reader.endpoint) as client:
+
+            async def whole_conversation(client=client):
+                runs = await client.list_runs(conversation_id=conversation)
+                return {r.run_id for r in runs} == run_ids and all(r.outcome == "completed" for r in runs)
+
+            await _seen_within(whole_conversation)
+            for result in results:
+                events = await client.list_events(result.run_id)
+                assert [e.kind for e in events][0] == "run_started" and events[-1].kind == "run_completed"
+                assert len({e.idempotency_key for e in events}) == len(events)  # each stored once
+                history = await continue_run(client, run_id=result.run_id)
+                assert [type(m) for m in history] == [type(m) for m in result.all_messages()]
+                assert len(await client.list_tool_effects(result.run_id)) >= 3
+            table = await client.sql(
+                "SELECT count(*) AS runs FROM recorded.runs WHERE conversation_id = '" + conversation + "'"
+            )
+            assert table.column("runs").to_pylist() == [3]
+
+
+async def test_a_fork_recorded_through_one_recorder_is_in_the_tree_read_from_another(lake: Lake) -> None:
+    first, second, third = lake.recorders
+    origin = await echo_agent(first.endpoint, calls=2).run("go", conversation_id="conv-fork-origin")
+    async with RecorderClient(second.endpoint) as client:
+        await _seen_within(lambda: client.latest_snapshot(origin.run_id))
+        history = await fork_run(client, run_id=origin.run_id, at=1)
+    fork = await echo_agent(second.endpoint, calls=3).run(message_history=history, metadata=history.metadata)
+    async with RecorderClient(third.endpoint) as client:
+
+        async def tree():
+            found = await client.run_tree(origin.run_id)
+            return found if found and any(c.run.run_id == fork.run_id for c in found.children) else None
+
+        await _seen_within(tree)
+
+
+async def test_an_explicit_run_id_is_single_use_across_the_fleet(lake: Lake) -> None:
+    run_id = f"run-{uuid.uuid4().hex}"
+    first, second, _ = lake.recorders
+    await echo_agent(first.endpoint, calls=1).run("go", run_id=run_id)
+    with pytest.raises(ValueError, match="run_id"):
+        await echo_agent(second.endpoint, calls=1).run("go", run_id=run_id)
+
+
+def _registration(run_id: str, registration_id: str) -> logs_service_pb2.ExportLogsServiceRequest:
+    scope = _records.RunScope(run_id, "conv-claims", None, "claims")
+    record = _records.step_event(scope, "run_started", step_index=0, idempotency_key="0:0:run_started:",
+                                 registration_id=registration_id)  # fmt: skip
+    return logs_service_pb2.ExportLogsServiceRequest.FromString(
+        RequestEnvelope({}, "steprec.exporter", "test").request([record.data])
+    )
+
+
+async def test_a_retried_registration_is_accepted_by_another_recorder_and_a_rival_one_refused(lake: Lake) -> None:
+    """The same registration sent again (its answer was lost) through a second recorder stays accepted; a
+    different registration of the same run id, sent at the same moment through the third, is refused."""
+    run_id, registration = f"run-{uuid.uuid4().hex}", str(uuid.uuid4())
+    answers = []
+    for recorder, sent in zip(lake.recorders, (registration, registration, str(uuid.uuid4())), strict=True):
+        async with grpc.aio.insecure_channel(recorder.endpoint) as channel:
+            stub = logs_service_pb2_grpc.LogsServiceStub(channel)
+            answers.append(await stub.Export(_registration(run_id, sent), timeout=10))
+    assert [a.partial_success.rejected_log_records for a in answers] == [0, 0, 1]
+    assert wire.REFUSED_RUN_ID_TAKEN in answers[2].partial_success.error_message
+
+
+async def test_the_sql_of_a_stranger_cannot_reach_the_catalog_database(lake: Lake) -> None:
+    async with RecorderClient(lake.recorders[0].endpoint) as client:
+        for query in (
+            "SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT 1')",
+            "SELECT * FROM ducklake_snapshots('lake')",
+        ):
+            with pytest.raises(ValueError, match="refused|not allowed|does not exist"):
+                await client.sql(query)
+        assert (await client.sql("SELECT count(*) AS n FROM recorded.runs")).num_rows == 1
+
+
+def _load(endpoint: str, stop: Path, conversation: str) -> subprocess.Popen[str]:
+    """An agent process recording short runs back to back through `endpoint` until `stop` exists; prints each
+    run id once its run has returned (so it is acknowledged)."""
+    script = (
+        "import asyncio, pathlib, sys\n"
+        "from tests.agents import echo_agent\n"
+        "async def main():\n"
+        "    while not pathlib.Path(sys.argv[2]).exists():\n"
+        "        result = await echo_agent(sys.argv[1], calls=2).run('go', conversation_id=sys.argv[3])\n"
+        "        print(result.run_id, flush=True)\n"
+        "asyncio.run(main())\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.Popen([sys.executable, "-c", script, endpoint, str(stop), conversation], cwd=root,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
+
+
+async def test_a_recorder_killed_under_load_loses_nothing_and_stores_nothing_twice(lake: Lake, tmp_path: Path) -> None:
+    victim = lake.recorder("victim")
+    victim.start(timeout=60)
+    stop, conversation = tmp_path / "stop", f"conv-load-{uuid.uuid4().hex[:8]}"
+    loads = [_load(victim.endpoint, stop, conversation), _load(lake.recorders[0].endpoint, stop, conversation)]
+    await asyncio.sleep(6)
+    victim.process.send_signal(signal.SIGKILL)
+    victim.process.wait()
+    async with RecorderClient(lake.recorders[1].endpoint) as client:  # the others serve on
+        assert await client.list_runs(conversation_id=conversation)
+    await asyncio.sleep(2)  # the victim's agents keep journaling while it is down
+    victim.start(timeout=60)  # same data folder: it applies its log, then its agents deliver their journals
+    await asyncio.sleep(2)
+    stop.touch()
+    acknowledged = set()
+    for load in loads:
+        out, _ = load.communicate(timeout=60)
+        acknowledged.update(out.split())
+    try:
+        async with RecorderClient(lake.recorders[2].endpoint) as client:
+
+            async def all_there():
+                runs = await client.list_runs(conversation_id=conversation)
+                return acknowledged <= {r.run_id for r in runs if r.outcome == "completed"} and runs
+
+            runs = await _seen_within(all_there, seconds=10)
+            runs = runs[0]
+            assert len(runs) == len({r.run_id for r in runs})  # one runs row each
+            duplicated = await client.sql(
+                "SELECT count(*) AS n FROM (SELECT run_id, idempotency_key FROM recorded.events"
+                f" WHERE conversation_id = '{conversation}' GROUP BY ALL HAVING count(*) > 1)"
+            )
+            assert duplicated.column("n").to_pylist() == [0]
+    finally:
+        victim.stop()
+    assert len(acknowledged) > 10
+
+
+def test_bad_lake_settings_are_refused_with_the_reason(tmp_path: Path) -> None:
+    def serve(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "steprec.recorder", "serve", "--data", str(tmp_path), "--ui-listen", "off", *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode != 0
+        return done.stderr
+
+    assert "go together" in serve("--lake", "postgres:dbname=x")
+    assert "not a DuckLake catalog" in serve("--lake", "mysql://x", "--lake-data", str(tmp_path / "d"))
+    assert "needs a bucket and a prefix" in serve("--lake", "postgres:dbname=x", "--lake-data", "s3://bucket")
+    refused = serve("--lake", "postgres:dbname=x host=127.0.0.1 port=1 password=hunter2", "--lake-data",
+                    str(tmp_path / "d"))  # fmt: skip
+    assert "cannot attach the lake" in refused and "hunter2" not in refused
