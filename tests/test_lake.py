@@ -4,6 +4,7 @@ data on moto's S3 server; agents record through each, and every read is asked of
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import grpc
 import pytest
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
@@ -24,10 +26,19 @@ from steprec.recorder.daemon.process import RecorderProcess
 
 from .agents import echo_agent
 from .crash_agent import eventually
-from .lake_services import postgres, s3_server
+from .lake_services import free_port, postgres, s3_server
 
 FRESH_SECONDS = 2.0
 """Issue 22: any recorder answers for records another acknowledged at most this long ago."""
+MAINTAIN_SECONDS = 3
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "lake.md"
+DOCS_CATALOG, DOCS_ENDPOINT = "postgres:dbname=steprec_lake host=127.0.0.1 user=steprec", "127.0.0.1:9000"
+
+
+def _docs_sql() -> str:
+    """The plain-DuckDB example of docs/lake.md: the first ```sql block after its marker."""
+    text = DOCS.read_text()
+    return text[text.index("<!-- plain-duckdb -->") :].split("```sql", 1)[1].split("```", 1)[0]
 
 
 class Lake:
@@ -36,10 +47,26 @@ class Lake:
         self.recorders = [self.recorder(f"recorder-{i}") for i in range(3)]
 
     def args(self) -> tuple[str, ...]:
-        return ("--lake", self.catalog, "--lake-data", "s3://steprec/lake", "--s3-endpoint-url", self.s3_endpoint)
+        return ("--lake", self.catalog, "--lake-data", "s3://steprec/lake", "--s3-endpoint-url", self.s3_endpoint,
+                "--lake-maintain-seconds", str(MAINTAIN_SECONDS))  # fmt: skip
 
-    def recorder(self, name: str) -> RecorderProcess:
-        return RecorderProcess(self.folder / name, ui_listen="off", extra_args=self.args())
+    def plain_duckdb(self) -> duckdb.DuckDBPyConnection:
+        """The lake attached the way docs/lake.md shows, in plain DuckDB: no steprec code. The docs' INSTALL lines
+        fetch the extensions from the network; here they come from the PyPI wheels the recorder uses."""
+        connection = duckdb.connect(config={"autoinstall_known_extensions": "false",
+                                            "extension_directory": str(self.folder / "plain-extensions")})  # fmt: skip
+        for package in ("ducklake", "postgres", "httpfs"):
+            found = importlib.util.find_spec(f"duckdb_extension_{package}").submodule_search_locations[0]
+            connection.execute(f"INSTALL '{next(Path(found).rglob('*.duckdb_extension'))}'")
+        endpoint = self.s3_endpoint.removeprefix("http://")
+        for statement in _docs_sql().split(";"):
+            statement = statement.strip().replace(DOCS_CATALOG, self.catalog).replace(DOCS_ENDPOINT, endpoint)
+            if statement.startswith(("ATTACH", "CREATE SECRET", "LOAD")):
+                connection.execute(statement.replace("'minio'", "'testing'"))
+        return connection
+
+    def recorder(self, name: str, listen: str = "127.0.0.1:0") -> RecorderProcess:
+        return RecorderProcess(self.folder / name, listen=listen, ui_listen="off", extra_args=self.args())
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +193,7 @@ def _load(endpoint: str, stop: Path, conversation: str) -> subprocess.Popen[str]
 
 
 async def test_a_recorder_killed_under_load_loses_nothing_and_stores_nothing_twice(lake: Lake, tmp_path: Path) -> None:
-    victim = lake.recorder("victim")
+    victim = lake.recorder("victim", listen=f"127.0.0.1:{free_port()}")  # restarted where its agents send
     victim.start(timeout=60)
     stop, conversation = tmp_path / "stop", f"conv-load-{uuid.uuid4().hex[:8]}"
     loads = [_load(victim.endpoint, stop, conversation), _load(lake.recorders[0].endpoint, stop, conversation)]
@@ -218,3 +245,75 @@ def test_bad_lake_settings_are_refused_with_the_reason(tmp_path: Path) -> None:
     refused = serve("--lake", "postgres:dbname=x host=127.0.0.1 port=1 password=hunter2", "--lake-data",
                     str(tmp_path / "d"))  # fmt: skip
     assert "cannot attach the lake" in refused and "hunter2" not in refused
+
+
+async def test_plain_duckdb_reads_the_lake_as_docs_lake_md_shows(lake: Lake) -> None:
+    result = await echo_agent(lake.recorders[0].endpoint, calls=1).run("go", conversation_id="conv-plain")
+    async with RecorderClient(lake.recorders[0].endpoint) as client:
+        await _seen_within(lambda: client.sql("SELECT 1 FROM recorded.runs WHERE conversation_id = 'conv-plain'"))
+    reader = lake.plain_duckdb()
+    try:
+        queries = [q.strip() for q in _docs_sql().split(";") if q.strip().startswith("SELECT")]
+        assert queries
+        for query in queries:
+            assert reader.execute(query).fetch_arrow_table().num_rows  # Arrow: no pytz for the timestamps
+        kinds = reader.execute("SELECT kind FROM lake.events WHERE run_id = ? ORDER BY write_seq", [result.run_id])
+        assert [k for (k,) in kinds.fetchall()][-1] == "run_completed"
+    finally:
+        reader.close()
+
+
+async def test_prune_works_on_the_lake_and_frees_the_run_ids(lake: Lake) -> None:
+    run_id, conversation = f"run-{uuid.uuid4().hex}", f"conv-prune-{uuid.uuid4().hex[:8]}"
+    first, second, third = lake.recorders
+    await echo_agent(first.endpoint, calls=2).run("go", run_id=run_id, conversation_id=conversation)
+    async with RecorderClient(second.endpoint) as client:
+        await _seen_within(lambda: client.list_runs(conversation_id=conversation))
+        removed = await client.prune(conversation_id=conversation)
+    assert removed["runs"] == 1 and removed["events"] >= 4
+    async with RecorderClient(third.endpoint) as client:
+
+        async def gone():
+            return not await client.list_runs(conversation_id=conversation)
+
+        await _seen_within(gone)
+    # Pruned, its id may be registered again (as in file mode), through any recorder.
+    await echo_agent(third.endpoint, calls=1).run("again", run_id=run_id, conversation_id=conversation)
+
+
+async def test_small_files_stay_bounded_under_steady_ingest(lake: Lake, tmp_path: Path) -> None:
+    """Every applier commit adds files; the recorders' scheduled maintenance merges them, and
+    `steprec lake maintain` does it on demand."""
+    reader = lake.plain_duckdb()
+    files = "__ducklake_metadata_lake.ducklake_data_file"  # DuckLake's own catalog tables, as docs attach it
+
+    def live() -> int:
+        return reader.execute(f"SELECT count(*) FROM {files} WHERE end_snapshot IS NULL").fetchone()[0]
+
+    stop = tmp_path / "stop"
+    loads = [_load(recorder.endpoint, stop, "conv-files") for recorder in lake.recorders]
+    counts = []
+    for _ in range(5 * MAINTAIN_SECONDS):
+        await asyncio.sleep(1)
+        counts.append(live())
+    stop.touch()
+    for load in loads:
+        load.communicate(timeout=60)
+    try:
+        assert min(counts[len(counts) // 2 :]) < max(counts), counts  # merged while ingest went on
+        done = subprocess.run(
+            [sys.executable, "-m", "steprec.recorder", "lake", "maintain", "--lake", lake.catalog, "--lake-data",
+             "s3://steprec/lake", "--s3-endpoint-url", lake.s3_endpoint, "--keep-seconds", "1"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "data files" in done.stdout
+        tables = reader.execute(f"SELECT count(DISTINCT table_id) FROM {files} WHERE end_snapshot IS NULL").fetchone()[
+            0
+        ]
+        per_table = reader.execute(
+            f"SELECT table_id, count(*), sum(record_count) FROM {files} WHERE end_snapshot IS NULL GROUP BY ALL"
+        ).fetchall()
+        assert live() <= 2 * tables, (live(), tables, counts, per_table, done.stdout)
+    finally:
+        reader.close()

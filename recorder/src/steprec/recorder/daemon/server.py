@@ -85,6 +85,8 @@ class ServeOptions:
     """A DuckLake catalog string (docs/lake.md): store there, with other recorders, instead of the DuckDB file."""
     lake_data: str | None = None
     """The lake's data: s3://bucket/prefix or a folder."""
+    lake_maintain_seconds: int = 600
+    """How often a lake recorder runs DuckLake's maintenance (lake/maintenance.py)."""
 
     def lake_location(self) -> LakeLocation | None:
         if (self.lake is None) != (self.lake_data is None):
@@ -125,6 +127,7 @@ class Recorder:
             run_state_bytes=options.run_state_mib << 20,
             media_threshold=options.media_threshold,
             lake=lake,
+            lake_maintain_seconds=options.lake_maintain_seconds,
             media_store=open_media_store(
                 options.media or (lake.media_location() if lake else None),
                 options.data_dir,

@@ -29,6 +29,8 @@ def listen_address(value: str) -> str:
 
 
 DEFAULT_UI_LISTEN = "127.0.0.1:4319"
+LAKE_KEEP_SECONDS = 3600
+"""How long lake maintenance keeps an expired snapshot's files: reads still running on one finish."""
 
 
 def ui_address(value: str) -> str | None:
@@ -114,6 +116,8 @@ SETTINGS = (
     Setting("lake_data", str, None, "where the lake's Parquet files go: s3://bucket/prefix (S3-compatible, with "
             "--s3-endpoint-url and the usual AWS credentials) or a folder; media blobs go beside it, "
             "<lake-data>-media, unless --media says otherwise"),
+    Setting("lake_maintain_seconds", positive_int, 600, "in lake mode, merge small files and expire snapshots "
+            "older than an hour this often (steprec lake maintain does it once)"),
     Setting("media", str, None, "where media blobs go: s3://bucket/prefix (S3-compatible; credentials from the "
             "usual AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment or AWS config) or a folder; "
             "none: <data>/media"),

@@ -14,9 +14,14 @@ T = TypeVar("T")
 CONFLICT_ATTEMPTS = 20
 
 
+LOST_RACE = ("transaction conflict", "ducklake_snapshot_pkey", "could not serialize access")
+"""How a lost commit race reads: DuckLake's own conflict check; two commits taking the same next snapshot id in
+the catalog; PostgreSQL refusing a concurrent update of the same catalog row."""
+
+
 def is_conflict(error: BaseException) -> bool:
-    """DuckLake's answer when another transaction committed a change this one's commit collides with."""
-    return isinstance(error, duckdb.TransactionException) and "conflict" in str(error).lower()
+    """Whether another recorder's commit got there first: then the whole transaction may simply be done again."""
+    return isinstance(error, duckdb.Error) and any(sign in str(error).lower() for sign in LOST_RACE)
 
 
 def on_conflict(attempt: Callable[[], T]) -> T:

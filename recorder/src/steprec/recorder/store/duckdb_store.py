@@ -17,7 +17,9 @@ from ..daemon.metrics import MemoryUse, Metrics
 from ..ingest.decode import Refusal, StepRecord
 from ..lake.freshness import LakeWatcher
 from ..lake.location import LakeLocation
+from ..lake.maintenance import LakeMaintainer
 from ..lake.opening import open_lake
+from ..lake.retry import on_conflict
 from ..querier.sql import install_views, lock_down
 from .applier import Applier
 from .browse import BrowseReads
@@ -52,6 +54,7 @@ class DuckDBStore(BrowseReads):
         message_cache_bytes: int = DEFAULT_CACHE_BYTES,
         run_state_bytes: int = DEFAULT_RUN_STATE_BYTES,
         lake: LakeLocation | None = None,
+        lake_maintain_seconds: int = 600,
     ) -> None:
         self.path = path
         """The DuckDB file, or in lake mode where it would be: its folder holds the log either way."""
@@ -79,11 +82,9 @@ class DuckDBStore(BrowseReads):
             run_state_bytes=run_state_bytes, max_snapshots_per_run=max_snapshots_per_run,
             sequence=self._lake.sequence if self._lake else None, claim_run=fleet.claim_run if fleet else None,
         )  # fmt: skip
-        self._watcher = (
-            LakeWatcher(self._connection, self._lake.name, self._lake.recorder_id, choices.changed_all)
-            if self._lake
-            else None
-        )
+        if self._lake is not None:  # other recorders' commits change what reads here must pick; files pile up
+            self._watcher = LakeWatcher(self._connection, self._lake.name, self._lake.recorder_id, choices.changed_all)
+            self._maintainer = LakeMaintainer(self._connection, self._lake.name, lake_maintain_seconds)
         Reads.__init__(self, self._connection, self._applier, lambda: self._wal.last_sequence, self._media, bodies,
                        choices)  # fmt: skip
         self.conversations = ConversationWrites(self._connection, self._applier, self._write,
@@ -118,14 +119,23 @@ class DuckDBStore(BrowseReads):
         """`prune_runs` with the write path's lock held: after everything acknowledged is applied, so it never
         races a write it cannot see; then every run's notion of which messages the store holds is dropped."""
 
-        def forget() -> None:
+        def forget(run_ids: list[str]) -> None:
             self._choices.changed_all()
             self._write.states.clear()
             self._stored.forget_applied()
+            if self._lake is not None and self._lake.fleet is not None:
+                self._lake.fleet.forget_runs(run_ids)
 
         self._applier.wait_applied(self._wal.last_sequence, for_write=True)
-        with self._connection.cursor() as cursor:
-            return prune_runs(cursor, self._media.store, on_committed=forget, **matching)
+        if self._lake is None:
+            with self._connection.cursor() as cursor:
+                return prune_runs(cursor, self._media.store, on_committed=forget, **matching)
+
+        def attempt() -> PruneResult:  # deletes conflict with any other recorder's insert into the same table
+            with self._connection.cursor() as cursor:
+                return prune_runs(cursor, self._media.store, on_committed=forget, collect_messages=False, **matching)
+
+        return on_conflict(attempt)
 
     def get_conversation(self, conversation_id: str) -> tuple[dict, bytes] | None:
         """A conversation's summary and its messages' digests, or None."""
@@ -155,8 +165,9 @@ class DuckDBStore(BrowseReads):
 
     def close(self) -> None:
         """Apply everything acknowledged, then close the log and the database."""
-        if self._watcher is not None:
+        if self._lake is not None:
             self._watcher.close()
+            self._maintainer.close()
         self._applier.close()
         with self._write.lock:
             self._wal.close(applied=self._applier.applied)

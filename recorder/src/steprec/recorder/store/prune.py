@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,8 +34,9 @@ def prune_runs(
     started_before_ns: int | None,
     conversation_id: str | None,
     dry_run: bool,
-    on_committed: Callable[[], None],
+    on_committed: Callable[[list[str]], None],
     head_revision: int | None = None,
+    collect_messages: bool = True,
 ) -> PruneResult:
     """Remove the matching runs and what only they referred to, in one transaction (rolled back when `dry_run`).
 
@@ -43,8 +45,11 @@ def prune_runs(
 
     The caller holds the write path's lock and has waited until everything acknowledged is
     applied, so prune never races a write it cannot see. `on_committed` runs right after the
-    commit, before the media are collected: it drops what ingest and the reads remember of the
-    store, before a read could pick a row that is gone.
+    commit (given the pruned run ids), before the media are collected: it drops what ingest and the
+    reads remember of the store, before a read could pick a row that is gone.
+
+    Without `collect_messages` (a lake), messages and media stay: another recorder may be about to
+    refer to one it knows is stored, in a commit this transaction cannot see.
     """
     filters, params = [], []
     if started_before_ns is not None:
@@ -69,27 +74,36 @@ def prune_runs(
             cursor.execute(f"DELETE FROM {matched}")
         unlink(cursor, pruned)
         cursor.unregister("pruned_runs")
-        referenced = pa.table({"digest": pa.array(list(_referenced_digests(cursor)), pa.binary())})
-        cursor.register("referenced", referenced)
-        messages, message_bytes = cursor.execute(
-            "SELECT count(*), coalesce(sum(size_bytes), 0) FROM messages ANTI JOIN referenced USING (digest)"
-        ).fetchone()
-        cursor.execute("DELETE FROM messages WHERE digest NOT IN (SELECT digest FROM referenced)")
-        cursor.unregister("referenced")
-        cursor.execute("DELETE FROM media_refs WHERE digest NOT IN (SELECT digest FROM messages)")
-        blobs_in_use = {uri for (uri,) in cursor.execute("SELECT DISTINCT uri FROM media_refs").fetchall()}
+        messages = message_bytes = 0
+        if collect_messages:
+            messages, message_bytes, blobs_in_use = _collect_messages(cursor)
         cursor.execute("ROLLBACK" if dry_run else "COMMIT")
         if not dry_run:
-            on_committed()
+            on_committed(pruned.column("run_id").to_pylist())
     except BaseException:
-        cursor.execute("ROLLBACK")
+        with contextlib.suppress(duckdb.TransactionException):  # a failed COMMIT already ended it
+            cursor.execute("ROLLBACK")
         raise
-    media_blobs, media_bytes = (0, 0) if dry_run else media.collect_garbage(blobs_in_use)
+    media_blobs, media_bytes = (0, 0) if dry_run or not collect_messages else media.collect_garbage(blobs_in_use)
     return PruneResult(
         runs=counts["runs"], events=counts["events"], snapshots=counts["snapshots"],
         tool_effects=counts["tool_effects"], messages=messages, message_bytes=message_bytes,
         media_blobs=media_blobs, media_bytes=media_bytes,
     )  # fmt: skip
+
+
+def _collect_messages(cursor: duckdb.DuckDBPyConnection) -> tuple[int, int, set[str]]:
+    """Delete the messages nothing retained refers to: their count and bytes, and the media blobs still in use."""
+    referenced = pa.table({"digest": pa.array(list(_referenced_digests(cursor)), pa.binary())})
+    cursor.register("referenced", referenced)
+    messages, message_bytes = cursor.execute(
+        "SELECT count(*), coalesce(sum(size_bytes), 0) FROM messages ANTI JOIN referenced USING (digest)"
+    ).fetchone()
+    cursor.execute("DELETE FROM messages WHERE digest NOT IN (SELECT digest FROM referenced)")
+    cursor.unregister("referenced")
+    cursor.execute("DELETE FROM media_refs WHERE digest NOT IN (SELECT digest FROM messages)")
+    blobs_in_use = {uri for (uri,) in cursor.execute("SELECT DISTINCT uri FROM media_refs").fetchall()}
+    return messages, message_bytes, blobs_in_use
 
 
 def _referenced_digests(cursor: duckdb.DuckDBPyConnection) -> set[bytes]:
