@@ -190,3 +190,19 @@ async def test_a_stopped_recorder_is_passed_over_and_its_share_goes_to_the_other
     assert all("grpc_status=0 " in line for line in exports), lines
     retried = [line for line in lines if f"upstream={stopped.endpoint}, {alive.endpoint} " in line]
     assert 1 <= len(retried) <= 3, lines  # max_fails=3: then the stopped one is skipped
+
+
+def test_compose_lake_profile_runs_this_config_before_its_recorders() -> None:
+    """The names the config balances to are the lake profile's recorders, which run in lake mode."""
+    compose = (ROOT / "docker" / "compose.yaml").read_text()
+    lines = [line.split("#")[0].rstrip() for line in compose.splitlines()]
+    upstreams = re.findall(r"^\s*server\s+([\w-]+):4317\b", CONFIG.read_text(), flags=re.MULTILINE)
+    assert upstreams == ["recorder-1", "recorder-2"]
+    for name in (*upstreams, "balancer", "postgres", "s3", "s3-bucket"):
+        assert f"  {name}:" in lines, f"compose.yaml has no service {name}"
+    assert "      - ./nginx-grpc.conf:/etc/nginx/nginx.conf:ro" in lines
+    assert lines.count("    <<: *steprec-lake-recorder") == 2
+    for flag in ("--lake", "--lake-data", "--s3-endpoint-url"):
+        assert f'"{flag}"' in compose
+    # Every lake service says so (the recorders through their anchor); `recorder` stays without a profile.
+    assert lines.count("    profiles: [lake]") == 4 and "  profiles: [lake]" in lines
