@@ -10,8 +10,9 @@ parts plus `steprec-query[harness]` and the pydantic-ai-harness release it is
 tested against, which pins its own pydantic-ai (so no constraints.txt there).
 Arguments after `test` go to the main suite; `test-harness [args]` runs only
 the harness suite, with them. Needs only Python 3.11+ and the package index.
-The browser tests need Chromium: where it is missing, `test` installs Debian's
-`chromium` package with apt-get (as root, or through sudo), once.
+The browser tests need Chromium and the load balancer's test nginx: where one is
+missing, `test` installs Debian's `chromium` or `nginx` package with apt-get (as
+root, or through sudo), once.
 """
 
 from __future__ import annotations
@@ -81,8 +82,10 @@ def ensure_harness_environment() -> Path:
     return ensure_venv(HARNESS_VENV, [*_editable(HARNESS_PARTS), HARNESS, *pytest_tools], HARNESS_INPUTS)
 
 
-SYSTEM_PACKAGES = {"chromium": "chromium"}
-"""Programs the tests start, by the Debian package that has them: the run browser's tests drive Chromium."""
+SYSTEM_PACKAGES = {"chromium": "chromium", "nginx": "nginx"}
+"""Programs the tests start, by the Debian package that has them: the run browser's tests drive Chromium,
+tests/test_balancer.py runs docker/nginx-grpc.conf with nginx (in /usr/sbin: where PATH lacks it, this
+installs again, which apt-get answers at once)."""
 
 
 def ensure_system_packages() -> None:
