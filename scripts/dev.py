@@ -10,13 +10,13 @@ parts plus `steprec-query[harness]` and the pydantic-ai-harness release it is
 tested against, which pins its own pydantic-ai (so no constraints.txt there).
 Arguments after `test` go to the main suite; `test-harness [args]` runs only
 the harness suite, with them. Needs only Python 3.11+ and the package index.
-The browser tests need Chromium and the load balancer's test nginx: where one is
-missing, `test` installs Debian's `chromium` or `nginx` package with apt-get (as
-root, or through sudo), once.
+The tests start Chromium, nginx and PostgreSQL: where one is missing, `test`
+installs its Debian package with apt-get (as root, or through sudo), once.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import shutil
@@ -82,16 +82,24 @@ def ensure_harness_environment() -> Path:
     return ensure_venv(HARNESS_VENV, [*_editable(HARNESS_PARTS), HARNESS, *pytest_tools], HARNESS_INPUTS)
 
 
-SYSTEM_PACKAGES = {"chromium": "chromium", "nginx": "nginx"}
-"""Programs the tests start, by the Debian package that has them: the run browser's tests drive Chromium,
-tests/test_balancer.py runs docker/nginx-grpc.conf with nginx (in /usr/sbin: where PATH lacks it, this
-installs again, which apt-get answers at once)."""
+SYSTEM_PACKAGES = {
+    "chromium": ["chromium"],
+    "nginx": ["nginx", "/usr/sbin/nginx"],
+    "postgresql": ["/usr/lib/postgresql/*/bin/initdb"],
+}
+"""The Debian packages whose programs the tests start, and where each program may be: the run browser's tests
+drive Chromium, tests/test_balancer.py runs docker/nginx-grpc.conf with nginx, the lake tests start
+PostgreSQL (whose programs Debian keeps off PATH)."""
+
+
+def _installed(places: list[str]) -> bool:
+    return any(glob.glob(place) if "/" in place else shutil.which(place) for place in places)
 
 
 def ensure_system_packages() -> None:
     """Install the Debian packages whose programs are missing; say so (the tests then fail, naming it) where
     that cannot be done here."""
-    missing = sorted({package for program, package in SYSTEM_PACKAGES.items() if shutil.which(program) is None})
+    missing = sorted(package for package, places in SYSTEM_PACKAGES.items() if not _installed(places))
     if not missing:
         return
     if shutil.which("apt-get") is None:
@@ -101,7 +109,7 @@ def ensure_system_packages() -> None:
     if root is None:
         print(f"steprec: the tests need {', '.join(missing)}; install it as root", flush=True)
         return
-    print(f"steprec: installing {', '.join(missing)} (Debian packages) for the browser tests ...", flush=True)
+    print(f"steprec: installing {', '.join(missing)} (Debian packages) for the tests ...", flush=True)
     environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = [*root, "apt-get", "install", "-y", "-q", *missing]
     if subprocess.run(install, env=environment, stdout=subprocess.DEVNULL).returncode != 0:
