@@ -33,9 +33,13 @@ TARGET_ISSUE = 19
 EXPORT = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 
 
-def _run_once(payloads: list[list[bytes]], folder: Path) -> dict[str, float]:
+def _run_once(payloads: list[list[bytes]], folder: Path, extra_args: tuple[str, ...] = ()) -> dict[str, float]:
+    """One fresh recorder (`extra_args` added to its command: benchmarks/lake.py passes --lake) under `payloads`."""
     latencies: list[float] = []
-    with tempfile.TemporaryDirectory(dir=folder) as data, RecorderProcess(Path(data)) as recorder:
+    with (
+        tempfile.TemporaryDirectory(dir=folder) as data,
+        RecorderProcess(Path(data), extra_args=extra_args) as recorder,
+    ):
 
         def send(sender: int) -> None:
             channel = grpc.insecure_channel(recorder.endpoint)

@@ -1,0 +1,111 @@
+"""Lake mode beside file mode, in one run: ingest per recorder, two lake recorders at once, and the reads of
+a recorder that did not write the run (issue 22). PostgreSQL and moto's S3 server run on this machine.
+
+    .venv/bin/python -m benchmarks.lake [--quick]
+
+Not yet part of benchmarks/run.py and docs/benchmarks.md: it prints its table, which docs/lake.md quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from pydantic_ai.usage import UsageLimits
+from steprec.exporter import shutdown_pipelines
+from steprec.query import RecorderClient, continue_run
+from steprec.recorder.daemon.process import RecorderProcess
+
+from benchmarks.common import machine, machine_text, percentile, run_text
+from benchmarks.ingest import EXPORT, RECORDS_PER_REQUEST, _run_once
+from benchmarks.load import step_events_request
+from tests.agents import echo_agent
+from tests.lake_services import postgres, s3_server
+
+
+def _payloads(senders: int, requests: int, tag: str) -> list[list[bytes]]:
+    return [[step_events_request(f"{tag}-{s}", n, RECORDS_PER_REQUEST).SerializeToString() for n in range(requests)]
+            for s in range(senders)]  # fmt: skip
+
+
+def _together(recorders: list[RecorderProcess], requests: int) -> float:
+    """Records per second acknowledged by `recorders` at once, two senders each."""
+    import grpc
+
+    payloads = _payloads(2 * len(recorders), requests, "pair")
+
+    def send(sender: int) -> None:
+        with grpc.insecure_channel(recorders[sender % len(recorders)].endpoint) as channel:
+            export = channel.unary_unary(EXPORT)
+            for payload in payloads[sender]:
+                export(payload, timeout=120)
+
+    threads = [threading.Thread(target=send, args=(s,)) for s in range(len(payloads))]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(map(len, payloads)) * RECORDS_PER_REQUEST / (time.perf_counter() - started)
+
+
+async def _reads(writer: RecorderProcess, reader: RecorderProcess, steps: int, repeats: int) -> dict[str, float]:
+    """A `steps`-step run and 200 short ones of one conversation written through `writer`, read through `reader`."""
+    long_run = await echo_agent(writer.endpoint, calls=steps).run(
+        "go", conversation_id="bench-long", usage_limits=UsageLimits(request_limit=None)
+    )
+    for _ in range(200):
+        await echo_agent(writer.endpoint, calls=1).run("go", conversation_id="bench-conv")
+    shutdown_pipelines()
+    figures: dict[str, list[float]] = {"continue_run (new client)": [], "continue_run (same client)": [],
+                                       "list_runs(conversation_id)": []}  # fmt: skip
+    async with RecorderClient(reader.endpoint) as warm:
+        while len(await warm.list_runs(conversation_id="bench-conv")) < 200:
+            await asyncio.sleep(0.1)
+        for _ in range(repeats):
+            async with RecorderClient(reader.endpoint) as cold:
+                started = time.perf_counter()
+                history = await continue_run(cold, run_id=long_run.run_id)
+                figures["continue_run (new client)"].append(time.perf_counter() - started)
+            assert len(history) == len(long_run.all_messages())
+            started = time.perf_counter()
+            await continue_run(warm, run_id=long_run.run_id)
+            figures["continue_run (same client)"].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await warm.list_runs(conversation_id="bench-conv")
+            figures["list_runs(conversation_id)"].append(time.perf_counter() - started)
+    return {name: percentile(values, 0.5) * 1000 for name, values in figures.items()}
+
+
+def main(quick: bool) -> None:
+    requests, steps, repeats = (20, 200, 10) if quick else (60, 1000, 30)
+    folder = Path(tempfile.mkdtemp(prefix="steprec-bench-lake-"))
+    facts = machine()
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {run_text(facts)}", machine_text(facts), sep="\n")
+    with postgres() as pg, s3_server("steprec") as s3:
+        lake = ("--lake", f"postgres:{pg}", "--lake-data", "s3://steprec/lake", "--s3-endpoint-url", s3)
+        rows = []
+        for name, args in (("file", ()), ("lake", lake)):
+            run = _run_once(_payloads(4, requests, name), folder, extra_args=args)
+            rows.append((f"ingest, one {name} recorder, 4 senders", f"{run['acknowledged']:,.0f} acknowledged/s",
+                         f"{run['applied']:,.0f} applied/s, Export p50 {run['p50_ms']:.1f} ms"))  # fmt: skip
+        with RecorderProcess(folder / "a", ui_listen="off", extra_args=lake) as first, \
+                RecorderProcess(folder / "b", ui_listen="off", extra_args=lake) as second:  # fmt: skip
+            rate = _together([first, second], requests)
+            rows.append(("ingest, two lake recorders at once, 2 senders each", f"{rate:,.0f} acknowledged/s", ""))
+            for name, p50 in asyncio.run(_reads(first, second, steps, repeats)).items():
+                rows.append((f"{name}, {steps}-step run / 200 runs, from the recorder that did not write them",
+                             f"p50 {p50:.1f} ms", f"{repeats} reads"))  # fmt: skip
+    print("| measurement | figure | note |\n|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    main(parser.parse_args().quick)
