@@ -11,21 +11,25 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import duckdb
 import grpc
 import pytest
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
-from steprec.exporter import _records, shutdown_pipelines
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from steprec.exporter import StepRecorder, _records, shutdown_pipelines
 from steprec.exporter._otlp import RequestEnvelope
 from steprec.proto import wire
 from steprec.query import RecorderClient, continue_run, fork_run
 from steprec.recorder.daemon.process import RecorderProcess
 
-from .agents import echo_agent
+from .agents import echo_agent, tool_returns
 from .crash_agent import eventually
+from .export_switch import ExportSwitch
 from .lake_services import free_port, postgres, s3_server
 
 FRESH_SECONDS = 2.0
@@ -152,16 +156,124 @@ def _registration(run_id: str, registration_id: str) -> logs_service_pb2.ExportL
 
 
 async def test_a_retried_registration_is_accepted_by_another_recorder_and_a_rival_one_refused(lake: Lake) -> None:
-    """The same registration sent again (its answer was lost) through a second recorder stays accepted; a
-    different registration of the same run id, sent at the same moment through the third, is refused."""
+    """The same registration sent again (its answer was lost) through a second recorder stays accepted, once the
+    first recorder's log is in the lake (until then it is UNAVAILABLE, which the agent's journal retries, as
+    here); a different registration of the same run id, sent through the third, is refused at once."""
     run_id, registration = f"run-{uuid.uuid4().hex}", str(uuid.uuid4())
     answers = []
     for recorder, sent in zip(lake.recorders, (registration, registration, str(uuid.uuid4())), strict=True):
         async with grpc.aio.insecure_channel(recorder.endpoint) as channel:
             stub = logs_service_pb2_grpc.LogsServiceStub(channel)
-            answers.append(await stub.Export(_registration(run_id, sent), timeout=10))
+            deadline = time.monotonic() + FRESH_SECONDS
+            while True:
+                try:
+                    answers.append(await stub.Export(_registration(run_id, sent), timeout=10))
+                    break
+                except grpc.aio.AioRpcError as error:
+                    if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
     assert [a.partial_success.rejected_log_records for a in answers] == [0, 0, 1]
     assert wire.REFUSED_RUN_ID_TAKEN in answers[2].partial_success.error_message
+
+
+def _moving_agent(endpoint: str, steps: int, at_step: dict[int, Callable[[], Awaitable[None]]]) -> Agent:
+    """An agent calling its tool `steps` times, a step every 0.1 s (so its journal sends between steps); before
+    step k it awaits `at_step[k]()`: where a test moves its records to another recorder."""
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = len(tool_returns(messages))
+        if done in at_step:
+            await at_step.pop(done)()
+        await asyncio.sleep(0.1)
+        if done < steps:
+            return ModelResponse(parts=[ToolCallPart("echo", {"text": f"call {done}"}, tool_call_id=f"call-{done}")])
+        return ModelResponse(parts=[TextPart(f"saw {done} returns")])
+
+    agent = Agent(FunctionModel(model), name="mover", capabilities=[StepRecorder(endpoint=endpoint)])
+
+    @agent.tool_plain
+    def echo(text: str) -> str:
+        return f"echo: {text}" + "." * 2000
+
+    return agent
+
+
+async def _stored_once_and_whole(reader: RecorderProcess, result, steps: int) -> None:
+    """The run as `reader` has it, within 20 s: ended, every event once, as many as a run of `steps` tool calls
+    recorded straight to one recorder makes, every tool call resolved, and its history the agent's own."""
+    async with RecorderClient(reader.endpoint) as client:
+
+        async def ended():
+            runs = await client.list_runs(conversation_id=result.conversation_id)
+            return runs and runs[0].outcome == "completed"
+
+        await _seen_within(ended, seconds=20)
+        events = await client.list_events(result.run_id)
+        assert len({e.idempotency_key for e in events}) == len(events)  # each stored once
+        kinds = [e.kind for e in events]
+        assert kinds[0] == "run_started" and kinds[-1] == "run_completed"
+        assert kinds.count("tool_call_started") == kinds.count("tool_call_completed") == steps
+        effects = await client.list_tool_effects(result.run_id)
+        assert len(effects) == steps and {e.status for e in effects} == {"completed"}
+        history = await continue_run(client, run_id=result.run_id)
+        assert ModelMessagesTypeAdapter.dump_python(history) == ModelMessagesTypeAdapter.dump_python(
+            result.all_messages()
+        )
+        rows = await client.sql(
+            f"SELECT count(*) AS n FROM recorded.runs WHERE run_id = '{result.run_id}'"  # one runs row
+        )
+        assert rows.column("n").to_pylist() == [1]
+
+
+async def test_a_run_moving_between_recorders_mid_run_is_stored_whole_and_once(lake: Lake) -> None:
+    """The agent's records go to the first recorder, then (the answer to one Export lost on the way, so the
+    agent sends it again) to the second, then back to the first: each waits for the other's log to reach the
+    lake before it takes the run, and the third reads it whole."""
+    first, second, third = lake.recorders
+    steps = 10
+    with ExportSwitch(first.endpoint) as switch:
+
+        async def to_second() -> None:
+            switch.send_to(second.endpoint, lose_next_answer=True)
+
+        async def back_to_first() -> None:
+            switch.send_to(first.endpoint)
+
+        agent = _moving_agent(switch.endpoint, steps, {3: to_second, 7: back_to_first})
+        result = await agent.run("go", conversation_id=f"conv-move-{uuid.uuid4().hex[:8]}")
+        await _stored_once_and_whole(third, result, steps)  # the switch stays: the journal may still be sending
+    assert switch.answered[second.endpoint] and switch.answered[first.endpoint] >= 2
+    assert any("moved here from another recorder" in refusal for refusal in switch.refusals)
+
+
+async def test_a_run_whose_first_recorder_is_killed_mid_run_waits_for_its_log_and_is_stored_whole(
+    lake: Lake,
+) -> None:
+    """The first recorder is SIGKILLed with the run's acknowledged records in its log; the run goes on through
+    the second, which holds its records back (the agent's journal keeps them) until the first is restarted and
+    has applied its log."""
+    victim = lake.recorder("handoff-victim", listen=f"127.0.0.1:{free_port()}")
+    victim.start(timeout=60)
+    second, third = lake.recorders[1], lake.recorders[2]
+    steps = 10
+    try:
+        with ExportSwitch(victim.endpoint) as switch:
+
+            async def kill_first() -> None:
+                victim.process.send_signal(signal.SIGKILL)
+                victim.process.wait()
+                switch.send_to(second.endpoint)
+
+            async def restart_first() -> None:
+                await asyncio.to_thread(victim.start, 60)  # same data folder: it applies its log
+
+            agent = _moving_agent(switch.endpoint, steps, {4: kill_first, 6: restart_first})
+            result = await agent.run("go", conversation_id=f"conv-kill-{uuid.uuid4().hex[:8]}")
+            await _stored_once_and_whole(third, result, steps)
+        assert any("moved here from another recorder" in refusal for refusal in switch.refusals)
+    finally:
+        victim.stop()
 
 
 async def test_the_sql_of_a_stranger_cannot_reach_the_catalog_database(lake: Lake) -> None:

@@ -16,6 +16,7 @@ import pyarrow as pa
 from ..daemon.metrics import MemoryUse, Metrics
 from ..ingest.decode import Refusal, StepRecord
 from ..lake.freshness import LakeWatcher
+from ..lake.handoff import RunHandoff
 from ..lake.location import LakeLocation
 from ..lake.maintenance import LakeMaintainer
 from ..lake.opening import open_lake
@@ -77,11 +78,14 @@ class DuckDBStore(BrowseReads):
         self._stored = StoredMessages(lambda: load_filter(self._connection, "SELECT digest FROM messages", bytes))
         self._applier = Applier(target, self._wal, self._stored, self.metrics, on_snapshots_changed=choices.changed)
         fleet = self._lake.fleet if self._lake else None
+        self._handoff = RunHandoff(fleet, lambda: self._applier.applied) if fleet else None
         self._write = WritePath(
             self._connection, self._wal, self._applier, self._stored, self._media, bodies,
             run_state_bytes=run_state_bytes, max_snapshots_per_run=max_snapshots_per_run,
-            sequence=self._lake.sequence if self._lake else None, claim_run=fleet.claim_run if fleet else None,
+            sequence=self._lake.sequence if self._lake else None, handoff=self._handoff,
         )  # fmt: skip
+        if self._handoff is not None:
+            self._handoff.start(self._write.let_go)
         if self._lake is not None:  # other recorders' commits change what reads here must pick; files pile up
             self._watcher = LakeWatcher(self._connection, self._lake.name, self._lake.recorder_id, choices.changed_all)
             self._maintainer = LakeMaintainer(self._connection, self._lake.name, lake_maintain_seconds)
@@ -123,7 +127,8 @@ class DuckDBStore(BrowseReads):
             self._choices.changed_all()
             self._write.states.clear()
             self._stored.forget_applied()
-            if self._lake is not None and self._lake.fleet is not None:
+            if self._handoff is not None:
+                self._handoff.forget(run_ids)
                 self._lake.fleet.forget_runs(run_ids)
 
         self._applier.wait_applied(self._wal.last_sequence, for_write=True)
@@ -169,6 +174,8 @@ class DuckDBStore(BrowseReads):
             self._watcher.close()
             self._maintainer.close()
         self._applier.close()
+        if self._handoff is not None:
+            self._handoff.close(all_applied=self._applier.all_applied())
         with self._write.lock:
             self._wal.close(applied=self._applier.applied)
             if self._lake is not None:

@@ -32,3 +32,7 @@ class FleetClock:
     def __call__(self) -> int:
         self._last = max(time.time_ns() // 1000, self._last + 1)
         return self._last << SLOT_BITS | self._slot
+
+    def advance_past(self, value: int) -> None:
+        """Never give `value` or less again: another recorder wrote it, on a clock maybe ahead of this one."""
+        self._last = max(self._last, value >> SLOT_BITS)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import duckdb
 from steprec.proto import wire
@@ -31,13 +31,14 @@ from ..ingest.decode import (
     ToolEffectRecord,
     check_message_json,
 )
+from ..lake.handoff import Holding, RunHandoff
 from .applier import Applier, StoreUnavailable
 from .batch import ENDING_KINDS, Batch
 from .connection import CursorOnDemand, fetch_one
 from .digests import DigestFilter
 from .media import MediaCodec
 from .run_state import RunState, RunStates
-from .sequence import Counter
+from .sequence import Counter, FleetClock
 from .snapshot_refs import FULL_REFS_EVERY, rebuild_refs
 from .stored_messages import StoredMessages
 from .wal import WriteAheadLog
@@ -125,8 +126,8 @@ class WritePath:
         *,
         run_state_bytes: int,
         max_snapshots_per_run: int | None,
-        sequence: Callable[[], int] | None = None,
-        claim_run: Callable[[str, str], str] | None = None,
+        sequence: FleetClock | None = None,
+        handoff: RunHandoff | None = None,
     ) -> None:
         self.lock = threading.Lock()
         """Held for each request, and by prune for its whole duration."""
@@ -142,8 +143,10 @@ class WritePath:
         self._stale_runs: dict[str, int] = {}
         """Runs whose state must be reloaded, and the log sequence that must be applied first."""
         self.run_ids = self._load_run_filter()
-        self._claim_run = claim_run
-        """Where a lake's recorders claim run ids (`lake.fleet.Fleet.claim_run`); None when this store is alone."""
+        self._handoff = handoff
+        """Where a lake's recorders claim run ids and hand runs over (`lake.handoff`); None when this store is alone."""
+        self._holding = Holding({}, set())
+        """What holding the request at hand's runs answered."""
         self._seq = sequence or Counter(
             1
             + fetch_one(
@@ -174,6 +177,7 @@ class WritePath:
         records = list(records)
         with self.lock:
             self._forget_stale_states({record.lineage.run_id for record in records})
+            self._hold(records)
             self._stored.reload_filter_if_full(self._wait_all_applied)
             if self.run_ids.full:
                 self._wait_all_applied()
@@ -188,7 +192,7 @@ class WritePath:
                 for record in records:
                     run_id = record.lineage.run_id
                     touched.add(run_id)
-                    state = self._state(cursor, run_id)
+                    state = self._state(cursor, run_id, moved_here=run_id in self._holding.moved_here)
                     try:
                         if isinstance(record, MessageFragmentRecord):
                             applied = self._stage_fragment(cursor, record, request)
@@ -270,16 +274,40 @@ class WritePath:
             del self._stale_runs[run_id]
             self.states.drop(run_id)
 
-    def _state(self, cursor: duckdb.DuckDBPyConnection, run_id: str) -> RunState:
+    def _hold(self, records: list[StepRecord]) -> None:
+        """In a lake, hold the runs this request brings that ingest keeps no state of, claiming the registrations
+        it carries in the same statement (`lake.handoff`); raises StoreUnavailable while one waits for another
+        recorder's log."""
+        if self._handoff is None:
+            return
+        absent: dict[str, str | None] = {}
+        for record in records:
+            run_id = record.lineage.run_id
+            if self.states.get(run_id) is None:
+                registration = record.registration_id if isinstance(record, StepEventRecord) else None
+                absent[run_id] = absent.get(run_id) or registration
+        self._holding = self._handoff.hold(absent) if absent else Holding({}, set())
+
+    def let_go(self, run_ids: set[str]) -> int:
+        """Forget runs another lake recorder took (their next records here load them again, after its log);
+        answers the log's last sequence, everything before which is acknowledged."""
+        with self.lock:
+            for run_id in run_ids:
+                self.states.drop(run_id)
+                self._stale_runs[run_id] = self._wal.last_sequence
+            return self._wal.last_sequence
+
+    def _state(self, cursor: duckdb.DuckDBPyConnection, run_id: str, *, moved_here: bool = False) -> RunState:
         """What ingest knows of a run: kept in memory once seen, else loaded from the database.
 
         A run the run-id filter has never seen starts empty with no query at all: with 100,000
         short runs, four lookups per new run were most of the ingest time (docs/benchmarks.md).
+        A run another lake recorder wrote until now (`moved_here`) is loaded whatever the filter says.
         """
         if (state := self.states.get(run_id)) is not None:
             return state
         key = run_key(run_id)
-        if not self.run_ids.might_contain(key):
+        if not moved_here and not self.run_ids.might_contain(key):
             self.run_ids.add(key)
             state = RunState(max_snapshots=self._default_max_snapshots)
             self.states.add(run_id, state)
@@ -318,6 +346,13 @@ class WritePath:
                     break
                 depth += 1
             state.chain_depth = depth
+        if moved_here:  # this host's clock may be behind the last one's: the run's rows stay in write order
+            (last,) = cursor.execute(
+                "SELECT coalesce(max(write_seq), 0) FROM (SELECT write_seq FROM events WHERE run_id = $1"
+                " UNION ALL SELECT write_seq FROM snapshots WHERE run_id = $1"
+                " UNION ALL SELECT write_seq FROM tool_effects WHERE run_id = $1)", [run_id],
+            ).fetchone()  # fmt: skip
+            self._seq.advance_past(last)
         self.states.add(run_id, state)
         return state
 
@@ -367,13 +402,12 @@ class WritePath:
 
     def _claim(self, run_id: str, registration_id: str) -> None:
         """Claim the run id among the lake's recorders: another recorder may have registered it moments ago, which
-        neither this recorder's state nor the lake shows yet."""
-        if self._claim_run is None:
+        neither this recorder's state nor the lake shows yet. Usually claimed already, with the request's runs."""
+        if self._handoff is None:
             return
-        try:
-            holder = self._claim_run(run_id, registration_id)
-        except duckdb.Error as error:
-            raise StoreUnavailable(f"the lake's catalog cannot claim run ids now: {error}") from error
+        holder = self._holding.registrations.get(run_id)
+        if holder is None:
+            holder = self._handoff.hold({run_id: registration_id}).registrations[run_id]
         if holder != registration_id:
             raise _run_id_taken(run_id)
 
