@@ -3,7 +3,8 @@ a recorder that did not write the run (issue 22). PostgreSQL and moto's S3 serve
 
     .venv/bin/python -m benchmarks.lake [--quick]
 
-Not yet part of benchmarks/run.py and docs/benchmarks.md: it prints its table, which docs/lake.md quotes.
+It prints its table, which docs/lake.md quotes (benchmarks/run.py, which writes docs/benchmarks.md, leaves it out:
+it needs PostgreSQL).
 """
 
 from __future__ import annotations
@@ -27,9 +28,35 @@ from tests.agents import echo_agent
 from tests.lake_services import postgres, s3_server
 
 
-def _payloads(senders: int, requests: int, tag: str) -> list[list[bytes]]:
-    return [[step_events_request(f"{tag}-{s}", n, RECORDS_PER_REQUEST).SerializeToString() for n in range(requests)]
+def _payloads(senders: int, requests: int, tag: str, *, run_per_request: bool = False) -> list[list[bytes]]:
+    """Each sender's requests: one run per sender, or with `run_per_request` a new run in every request (in a lake
+    each new run is held in PostgreSQL: one more statement for that request)."""
+    return [[step_events_request(f"{tag}-{s}" + (f"-{n}" if run_per_request else ""), n,
+                                 RECORDS_PER_REQUEST).SerializeToString() for n in range(requests)]
             for s in range(senders)]  # fmt: skip
+
+
+def _handoffs(first: RecorderProcess, second: RecorderProcess, runs: int) -> list[float]:
+    """For each of `runs` runs: a request through `first`, then the next through `second`, sent again every 5 ms
+    while it answers UNAVAILABLE (the run is moving); how long until `second` took it, in seconds."""
+    import grpc
+
+    waits = []
+    with grpc.insecure_channel(first.endpoint) as one, grpc.insecure_channel(second.endpoint) as other:
+        for run in range(runs):
+            one.unary_unary(EXPORT)(step_events_request(f"moving-{run}", 0, 10).SerializeToString(), timeout=10)
+            payload = step_events_request(f"moving-{run}", 1, 10).SerializeToString()
+            started = time.perf_counter()
+            while True:
+                try:
+                    other.unary_unary(EXPORT)(payload, timeout=10)
+                    break
+                except grpc.RpcError as error:
+                    if error.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    time.sleep(0.005)
+            waits.append(time.perf_counter() - started)
+    return waits
 
 
 def _together(recorders: list[RecorderProcess], requests: int) -> float:
@@ -89,14 +116,21 @@ def main(quick: bool) -> None:
     with postgres() as pg, s3_server("steprec") as s3:
         lake = ("--lake", f"postgres:{pg}", "--lake-data", "s3://steprec/lake", "--s3-endpoint-url", s3)
         rows = []
-        for name, args in (("file", ()), ("lake", lake)):
-            run = _run_once(_payloads(4, requests, name), folder, extra_args=args)
-            rows.append((f"ingest, one {name} recorder, 4 senders", f"{run['acknowledged']:,.0f} acknowledged/s",
-                         f"{run['applied']:,.0f} applied/s, Export p50 {run['p50_ms']:.1f} ms"))  # fmt: skip
+        for runs in ("one run per sender", "a new run per request"):
+            for name, args in (("file", ()), ("lake", lake)):
+                payloads = _payloads(4, requests, f"{name}-{len(rows)}", run_per_request=runs != "one run per sender")
+                run = _run_once(payloads, folder, extra_args=args)
+                rows.append((f"ingest, one {name} recorder, 4 senders, {runs}",
+                             f"{run['acknowledged']:,.0f} acknowledged/s",
+                             f"{run['applied']:,.0f} applied/s, Export p50 {run['p50_ms']:.1f} ms"))  # fmt: skip
         with RecorderProcess(folder / "a", ui_listen="off", extra_args=lake) as first, \
                 RecorderProcess(folder / "b", ui_listen="off", extra_args=lake) as second:  # fmt: skip
             rate = _together([first, second], requests)
             rows.append(("ingest, two lake recorders at once, 2 senders each", f"{rate:,.0f} acknowledged/s", ""))
+            waits = _handoffs(first, second, repeats)
+            rows.append(("a run moving to the other recorder: until its records are taken there",
+                         f"p50 {percentile(waits, 0.5) * 1000:.0f} ms", f"max {max(waits) * 1000:.0f} ms,"
+                         f" {repeats} runs"))  # fmt: skip
             for name, p50 in asyncio.run(_reads(first, second, steps, repeats)).items():
                 rows.append((f"{name}, {steps}-step run / 200 runs, from the recorder that did not write them",
                              f"p50 {p50:.1f} ms", f"{repeats} reads"))  # fmt: skip
