@@ -123,6 +123,10 @@ def main(quick: bool) -> None:
                 rows.append((f"ingest, one {name} recorder, 4 senders, {runs}",
                              f"{run['acknowledged']:,.0f} acknowledged/s",
                              f"{run['applied']:,.0f} applied/s, Export p50 {run['p50_ms']:.1f} ms"))  # fmt: skip
+        with RecorderProcess(folder / "file", ui_listen="off") as alone:  # the same reads in file mode, for scale
+            for name, p50 in asyncio.run(_reads(alone, alone, steps, repeats)).items():
+                rows.append((f"{name}, {steps}-step run / 200 runs, file mode", f"p50 {p50:.1f} ms",
+                             f"{repeats} reads"))  # fmt: skip
         with RecorderProcess(folder / "a", ui_listen="off", extra_args=lake) as first, \
                 RecorderProcess(folder / "b", ui_listen="off", extra_args=lake) as second:  # fmt: skip
             rate = _together([first, second], requests)

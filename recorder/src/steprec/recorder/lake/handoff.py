@@ -90,20 +90,19 @@ class RunHandoff:
         the lake, or when PostgreSQL cannot be reached: nothing of the request is staged, the agent retries.
         """
         try:
-            with self._lock:
-                ask = {run: registration for run, registration in registrations.items() if run not in self._moves}
             held: dict[str, str | None] = {}
-            if ask:
-                taken = {}
-                for run, registration, waits in self._fleet.hold_runs(ask):
-                    held[run] = registration
-                    if waits:
-                        taken[run] = tuple(waits)
-                if taken:  # read after the take committed: a beat that saw the clock past this saw the take
-                    now = self._fleet.clock_us()
-                    with self._lock:
-                        self._moves.update((run, _Move(waits, now)) for run, waits in taken.items())
+            taken, fresh = {}, []
+            for run, registration, waits in self._fleet.hold_runs(registrations):
+                held[run] = registration
+                if waits:
+                    taken[run] = tuple(waits)
+                elif waits is not None:  # new to the lake (again, if a prune removed it while it waited here)
+                    fresh.append(run)
+            now = self._fleet.clock_us() if taken else 0  # after the take committed: see the module's docstring
             with self._lock:
+                self._moves.update((run, _Move(waits, now)) for run, waits in taken.items())
+                for run in fresh:
+                    self._moves.pop(run, None)
                 moves = {run: self._moves[run] for run in registrations.keys() & self._moves.keys()}
             for run, move in moves.items():
                 late = [slot for slot in move.waits_for if self._published.get(slot, 0) <= move.after_us]
