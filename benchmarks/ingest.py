@@ -13,6 +13,7 @@ import asyncio
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,27 @@ TARGET_ISSUE = 19
 EXPORT = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 
 
+def send_in_threads(payloads: list[list[bytes]], endpoint: Callable[[int], str], latencies: list[float]) -> float:
+    """Each sender's requests from a thread of its own, one at a time, to `endpoint(sender)`; the seconds until all
+    were answered. Each request's latency is added to `latencies`."""
+
+    def send(sender: int) -> None:
+        with grpc.insecure_channel(endpoint(sender)) as channel:
+            export = channel.unary_unary(EXPORT)
+            for payload in payloads[sender]:
+                started = time.perf_counter()
+                export(payload, timeout=120)
+                latencies.append(time.perf_counter() - started)
+
+    threads = [threading.Thread(target=send, args=(s,)) for s in range(len(payloads))]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
+
+
 def _run_once(payloads: list[list[bytes]], folder: Path, extra_args: tuple[str, ...] = ()) -> dict[str, float]:
     """One fresh recorder (`extra_args` added to its command: benchmarks/lake.py passes --lake) under `payloads`."""
     latencies: list[float] = []
@@ -40,23 +62,8 @@ def _run_once(payloads: list[list[bytes]], folder: Path, extra_args: tuple[str, 
         tempfile.TemporaryDirectory(dir=folder) as data,
         RecorderProcess(Path(data), extra_args=extra_args) as recorder,
     ):
-
-        def send(sender: int) -> None:
-            channel = grpc.insecure_channel(recorder.endpoint)
-            export = channel.unary_unary(EXPORT)
-            for payload in payloads[sender]:
-                started = time.perf_counter()
-                export(payload, timeout=60)
-                latencies.append(time.perf_counter() - started)
-            channel.close()
-
-        threads = [threading.Thread(target=send, args=(s,)) for s in range(len(payloads))]
         started = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        acknowledged = time.perf_counter() - started
+        acknowledged = send_in_threads(payloads, lambda sender: recorder.endpoint, latencies)
 
         async def read_after_apply() -> None:
             async with RecorderClient(recorder.endpoint, timeout_seconds=120) as client:

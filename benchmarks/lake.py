@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from steprec.query import RecorderClient, continue_run
 from steprec.recorder.daemon.process import RecorderProcess
 
 from benchmarks.common import machine, machine_text, percentile, run_text
-from benchmarks.ingest import EXPORT, RECORDS_PER_REQUEST, _run_once
+from benchmarks.ingest import EXPORT, RECORDS_PER_REQUEST, _run_once, send_in_threads
 from benchmarks.load import step_events_request
 from tests.agents import echo_agent
 from tests.lake_services import postgres, s3_server
@@ -61,23 +60,9 @@ def _handoffs(first: RecorderProcess, second: RecorderProcess, runs: int) -> lis
 
 def _together(recorders: list[RecorderProcess], requests: int) -> float:
     """Records per second acknowledged by `recorders` at once, two senders each."""
-    import grpc
-
     payloads = _payloads(2 * len(recorders), requests, "pair")
-
-    def send(sender: int) -> None:
-        with grpc.insecure_channel(recorders[sender % len(recorders)].endpoint) as channel:
-            export = channel.unary_unary(EXPORT)
-            for payload in payloads[sender]:
-                export(payload, timeout=120)
-
-    threads = [threading.Thread(target=send, args=(s,)) for s in range(len(payloads))]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sum(map(len, payloads)) * RECORDS_PER_REQUEST / (time.perf_counter() - started)
+    seconds = send_in_threads(payloads, lambda sender: recorders[sender % len(recorders)].endpoint, [])
+    return sum(map(len, payloads)) * RECORDS_PER_REQUEST / seconds
 
 
 async def _reads(writer: RecorderProcess, reader: RecorderProcess, steps: int, repeats: int) -> dict[str, float]:
