@@ -168,7 +168,10 @@ async def test_a_stopped_recorder_is_passed_over_and_its_share_goes_to_the_other
     balancer: tuple[str, Path], recorders: list[RecorderProcess]
 ) -> None:
     """nginx's passive health: an RPC refused by the stopped recorder goes to the next one (it was never
-    sent), and after max_fails refusals nginx stops trying the stopped one for fail_timeout."""
+    sent), and after max_fails refusals nginx stops trying the stopped one for fail_timeout.
+
+    The agent process keeps one connection, which the hash sends to either recorder; the health checks'
+    new connections make sure some are hashed to the stopped one (all on the live one once in 2**16)."""
     endpoint, access_log = balancer
     alive, stopped = recorders
     assert stopped.stop() == 0
@@ -177,6 +180,8 @@ async def test_a_stopped_recorder_is_passed_over_and_its_share_goes_to_the_other
         agent = echo_agent(endpoint, calls=2)
         run_ids.add((await agent.run(f"go {number}", conversation_id=f"failover-{number}")).run_id)
     shutdown_pipelines()
+    for _ in range(CONNECTIONS):
+        assert await asyncio.to_thread(serving, endpoint)
 
     async with RecorderClient(alive.endpoint) as direct:
         assert {run.run_id for run in await direct.list_runs()} == run_ids  # whole runs: it got every record
