@@ -24,13 +24,21 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from steprec.exporter import StepRecorder, _records, shutdown_pipelines
 from steprec.exporter._otlp import RequestEnvelope
 from steprec.proto import wire
-from steprec.query import RecorderClient, continue_run, fork_run
+from steprec.query import (
+    ConversationConflict,
+    ConversationStore,
+    ConversationSummary,
+    RecorderClient,
+    continue_run,
+    fork_run,
+)
 from steprec.recorder.daemon.process import RecorderProcess
 
 from .agents import echo_agent, tool_returns
 from .crash_agent import eventually
 from .export_switch import ExportSwitch
 from .lake_services import free_port, postgres, s3_server
+from .test_conversations import turn
 
 FRESH_SECONDS = 2.0
 """Issue 22: any recorder answers for records another acknowledged at most this long ago."""
@@ -175,11 +183,19 @@ async def test_a_retried_registration_is_accepted_by_another_recorder_and_a_riva
                     await asyncio.sleep(0.05)
     assert [a.partial_success.rejected_log_records for a in answers] == [0, 0, 1]
     assert wire.REFUSED_RUN_ID_TAKEN in answers[2].partial_success.error_message
+    async with grpc.aio.insecure_channel(lake.recorders[0].endpoint) as channel:  # PostgreSQL's text holds no NUL
+        request = _registration(f"run-{uuid.uuid4().hex}", "bad\x00registration")
+        request.MergeFrom(_registration(f"run-{uuid.uuid4().hex}", str(uuid.uuid4())))
+        answer = await logs_service_pb2_grpc.LogsServiceStub(channel).Export(request, timeout=10)
+    assert answer.partial_success.rejected_log_records == 1 and "NUL" in answer.partial_success.error_message
 
 
-def _moving_agent(endpoint: str, steps: int, at_step: dict[int, Callable[[], Awaitable[None]]]) -> Agent:
+def _moving_agent(
+    endpoint: str, steps: int, at_step: dict[int, Callable[[], Awaitable[None]]], keep: int | None = None
+) -> Agent:
     """An agent calling its tool `steps` times, a step every 0.1 s (so its journal sends between steps); before
-    step k it awaits `at_step[k]()`: where a test moves its records to another recorder."""
+    step k it awaits `at_step[k]()`: where a test moves its records to another recorder. `keep`: the run's
+    retention (max_snapshots_per_run)."""
 
     async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         done = len(tool_returns(messages))
@@ -190,7 +206,7 @@ def _moving_agent(endpoint: str, steps: int, at_step: dict[int, Callable[[], Awa
             return ModelResponse(parts=[ToolCallPart("echo", {"text": f"call {done}"}, tool_call_id=f"call-{done}")])
         return ModelResponse(parts=[TextPart(f"saw {done} returns")])
 
-    agent = Agent(FunctionModel(model), name="mover", capabilities=[StepRecorder(endpoint=endpoint)])
+    agent = Agent(FunctionModel(model), name="mover", capabilities=[StepRecorder(endpoint=endpoint, max_snapshots_per_run=keep)])
 
     @agent.tool_plain
     def echo(text: str) -> str:
@@ -199,9 +215,10 @@ def _moving_agent(endpoint: str, steps: int, at_step: dict[int, Callable[[], Awa
     return agent
 
 
-async def _stored_once_and_whole(reader: RecorderProcess, result, steps: int) -> None:
+async def _stored_once_and_whole(reader: RecorderProcess, result, steps: int, kept: int | None = None) -> None:
     """The run as `reader` has it, within 20 s: ended, every event once, as many as a run of `steps` tool calls
-    recorded straight to one recorder makes, every tool call resolved, and its history the agent's own."""
+    recorded straight to one recorder makes, every tool call resolved, its history the agent's own, and `kept`
+    snapshots left by its retention."""
     async with RecorderClient(reader.endpoint) as client:
 
         async def ended():
@@ -224,12 +241,15 @@ async def _stored_once_and_whole(reader: RecorderProcess, result, steps: int) ->
             f"SELECT count(*) AS n FROM recorded.runs WHERE run_id = '{result.run_id}'"  # one runs row
         )
         assert rows.column("n").to_pylist() == [1]
+        if kept is not None:
+            rows = await client.sql(f"SELECT count(*) AS n FROM recorded.snapshots WHERE run_id = '{result.run_id}'")
+            assert rows.column("n").to_pylist() == [kept]
 
 
 async def test_a_run_moving_between_recorders_mid_run_is_stored_whole_and_once(lake: Lake) -> None:
     """The agent's records go to the first recorder, then (the answer to one Export lost on the way, so the
     agent sends it again) to the second, then back to the first: each waits for the other's log to reach the
-    lake before it takes the run, and the third reads it whole."""
+    lake before it takes the run, and the third reads it whole, with the run's retention kept across the moves."""
     first, second, third = lake.recorders
     steps = 10
     with ExportSwitch(first.endpoint) as switch:
@@ -237,12 +257,13 @@ async def test_a_run_moving_between_recorders_mid_run_is_stored_whole_and_once(l
         async def to_second() -> None:
             switch.send_to(second.endpoint, lose_next_answer=True)
 
-        async def back_to_first() -> None:
+        async def back_to_first() -> None:  # once the second has taken the run (the journal retries with backoff)
+            await eventually(lambda: asyncio.sleep(0, switch.answered[second.endpoint]), seconds=20)
             switch.send_to(first.endpoint)
 
-        agent = _moving_agent(switch.endpoint, steps, {3: to_second, 7: back_to_first})
+        agent = _moving_agent(switch.endpoint, steps, {3: to_second, 7: back_to_first}, keep=3)
         result = await agent.run("go", conversation_id=f"conv-move-{uuid.uuid4().hex[:8]}")
-        await _stored_once_and_whole(third, result, steps)  # the switch stays: the journal may still be sending
+        await _stored_once_and_whole(third, result, steps, kept=3)  # the switch stays: the journal may still send
     assert switch.answered[second.endpoint] and switch.answered[first.endpoint] >= 2
     assert any("moved here from another recorder" in refusal for refusal in switch.refusals)
 
@@ -274,6 +295,28 @@ async def test_a_run_whose_first_recorder_is_killed_mid_run_waits_for_its_log_an
         assert any("moved here from another recorder" in refusal for refusal in switch.refusals)
     finally:
         victim.stop()
+
+
+async def test_a_conversation_head_is_one_compare_and_swap_across_recorders(lake: Lake) -> None:
+    """Saves of one revision through every recorder at once: exactly one commits, the others are conflicts, and
+    every recorder reads the one that did."""
+    stores = [ConversationStore(recorder.endpoint) for recorder in lake.recorders]
+    try:
+        first = await stores[0].save(summary=ConversationSummary(workspace="/w"), messages=turn("hi", "hello"))
+        outcomes = await asyncio.gather(
+            *(store.save(summary=first, messages=turn("hi", "hello") + turn(f"from {i}", "ok"))
+              for i, store in enumerate(stores)),
+            return_exceptions=True,
+        )  # fmt: skip
+        saved = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+        assert len(saved) == 1 and saved[0].revision == 2, outcomes
+        assert all(isinstance(o, ConversationConflict) for o in outcomes if o is not saved[0]), outcomes
+        for store in stores:
+            head = await store.get(conversation_id=first.id)
+            assert head.summary.revision == 2 and len(head.messages) == 4
+    finally:
+        for store in stores:
+            await store.close()
 
 
 async def test_the_sql_of_a_stranger_cannot_reach_the_catalog_database(lake: Lake) -> None:
@@ -368,7 +411,7 @@ async def test_plain_duckdb_reads_the_lake_as_docs_lake_md_shows(lake: Lake) -> 
         queries = [q.strip() for q in _docs_sql().split(";") if q.strip().startswith("SELECT")]
         assert queries
         for query in queries:
-            assert reader.execute(query).fetch_arrow_table().num_rows  # Arrow: no pytz for the timestamps
+            assert reader.execute(query).to_arrow_table().num_rows  # Arrow: no pytz for the timestamps
         kinds = reader.execute("SELECT kind FROM lake.events WHERE run_id = ? ORDER BY write_seq", [result.run_id])
         assert [k for (k,) in kinds.fetchall()][-1] == "run_completed"
     finally:

@@ -265,6 +265,8 @@ def _metadata(body: dict[str, object]) -> dict[str, str]:
 
 def _step_event(lineage: Lineage, kind: str, fields: _Fields, body: dict[str, object]) -> StepEventRecord:
     registration_id = fields.text(wire.REGISTRATION_ID, required=kind == "run_started")
+    if registration_id is not None and "\x00" in registration_id:  # a lake claims it in PostgreSQL, whose text has none
+        raise Malformed("bad_attribute", f"attribute {wire.REGISTRATION_ID} holds a NUL character")
     return StepEventRecord(
         lineage=lineage,
         kind=kind,

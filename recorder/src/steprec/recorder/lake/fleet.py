@@ -52,6 +52,14 @@ _SETUP = [
     "ALTER TABLE steprec_run_claims ADD COLUMN IF NOT EXISTS since_us bigint NOT NULL DEFAULT 0",
     "CREATE INDEX IF NOT EXISTS steprec_run_claims_moves ON steprec_run_claims USING gin (waits_for)",
     "ALTER TABLE steprec_recorders ADD COLUMN IF NOT EXISTS applied_through_us bigint NOT NULL DEFAULT 0",
+    # A conversation head's compare-and-swap holds a lease (leases.py): free, expired, or this recorder's already.
+    "CREATE TABLE IF NOT EXISTS steprec_conversation_leases (conversation_id text PRIMARY KEY, recorder_id text"
+    " NOT NULL, until timestamptz NOT NULL)",
+    "CREATE OR REPLACE FUNCTION steprec_lease(conversation text, recorder text, seconds double precision)"
+    " RETURNS text LANGUAGE sql VOLATILE AS $$ INSERT INTO steprec_conversation_leases AS l VALUES"
+    " (conversation, recorder, clock_timestamp() + seconds * interval '1 second') ON CONFLICT (conversation_id)"
+    " DO UPDATE SET recorder_id = excluded.recorder_id, until = excluded.until"
+    " WHERE l.until < clock_timestamp() OR l.recorder_id = excluded.recorder_id RETURNING recorder_id $$",
     # Hold runs for recorder `me` (and claim the registrations given, NULL for none) in one statement: a run
     # another slot held is taken over, and the new holder must wait for that slot's log, and for the logs an
     # unsettled earlier move was waiting for; answers each run's registration and, for a taken run, those slots.

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import duckdb
 from steprec.proto import wire
@@ -113,6 +114,7 @@ class ConversationWrites:
         applier: Applier,
         write: WritePath,
         last_sequence: Callable[[], int],
+        lease: Callable[[str], AbstractContextManager[None]] | None = None,
     ) -> None:
         self._connection = connection
         self._applier = applier
@@ -120,12 +122,20 @@ class ConversationWrites:
         self._last_sequence = last_sequence
         self.lock = threading.Lock()
         """Held by every conversation write and by a conversation's deletion: they decide on what they read."""
+        self._lease = lease
+        """In a lake, what makes a write exclusive among its recorders too (`lake.leases`)."""
+
+    @contextmanager
+    def exclusive(self, conversation_id: str) -> Iterator[None]:
+        """Hold `lock`, and in a lake the conversation's lease: no other write of it decides meanwhile."""
+        with self.lock, self._lease(conversation_id) if self._lease else nullcontext():
+            yield
 
     def save(self, summary: dict, refs: bytes, bodies: Sequence[str], text: str) -> dict:
         """Commit a head if `summary["revision"]` is still the stored revision (0: a new conversation); return the
         committed summary. A naming that landed since the caller read keeps its fields; new content is activity,
         so it lists an archived conversation again. Raises Conflict for a stale writer or a deleted conversation."""
-        with self.lock:
+        with self.exclusive(summary["conversation_id"]):
             prior = self._current(summary["conversation_id"])
             expected = summary["revision"]
             if prior is None and expected != 0:
@@ -144,7 +154,7 @@ class ConversationWrites:
     def name(self, source: dict, *, title: str, subtitle: str, tags: list[str], manual: bool, tokens: int) -> bool:
         """Apply a name only to the revision and naming version it was made from, and never over a title the user
         set unless this one is the user's too; the tokens it used count either way. The activity time stays."""
-        with self.lock:
+        with self.exclusive(source["conversation_id"]):
             current = self._current(source["conversation_id"])
             if current is None:
                 return False  # never bring a deleted conversation back
@@ -165,7 +175,7 @@ class ConversationWrites:
     def set_archived(self, conversation_id: str, archived: bool) -> dict:
         """Archive (keeping the first time) or unarchive; the messages, revision and activity time stay.
         Raises LookupError for an unknown conversation."""
-        with self.lock:
+        with self.exclusive(conversation_id):
             current = self._current(conversation_id)
             if current is None:
                 raise LookupError(f"no saved conversation {conversation_id!r}")

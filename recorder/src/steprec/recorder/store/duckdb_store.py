@@ -17,6 +17,7 @@ from ..daemon.metrics import MemoryUse, Metrics
 from ..ingest.decode import Refusal, StepRecord
 from ..lake.freshness import LakeWatcher
 from ..lake.handoff import RunHandoff
+from ..lake.leases import ConversationLeases
 from ..lake.location import LakeLocation
 from ..lake.maintenance import LakeMaintainer
 from ..lake.opening import open_lake
@@ -91,8 +92,10 @@ class DuckDBStore(BrowseReads):
             self._maintainer = LakeMaintainer(self._connection, self._lake.name, lake_maintain_seconds)
         Reads.__init__(self, self._connection, self._applier, lambda: self._wal.last_sequence, self._media, bodies,
                        choices)  # fmt: skip
+        leases = ConversationLeases(fleet) if fleet else None
         self.conversations = ConversationWrites(self._connection, self._applier, self._write,
-                                                lambda: self._wal.last_sequence)  # fmt: skip
+                                                lambda: self._wal.last_sequence,
+                                                leases.held if leases else None)  # fmt: skip
         self._bodies = bodies
 
     def ingest(self, records: Iterable[StepRecord]) -> tuple[list[Refusal], int]:
@@ -115,7 +118,7 @@ class DuckDBStore(BrowseReads):
     def delete_conversation(self, conversation_id: str, revision: int) -> PruneResult:
         """Remove a conversation's head and its runs in one transaction, if its revision is still `revision`
         (Conflict otherwise); messages and media others still refer to stay."""
-        with self.conversations.lock, self._write.lock:
+        with self.conversations.exclusive(conversation_id), self._write.lock:
             return self._prune(started_before_ns=None, conversation_id=conversation_id, dry_run=False,
                                head_revision=revision)  # fmt: skip
 
