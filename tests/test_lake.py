@@ -206,7 +206,9 @@ def _moving_agent(
             return ModelResponse(parts=[ToolCallPart("echo", {"text": f"call {done}"}, tool_call_id=f"call-{done}")])
         return ModelResponse(parts=[TextPart(f"saw {done} returns")])
 
-    agent = Agent(FunctionModel(model), name="mover", capabilities=[StepRecorder(endpoint=endpoint, max_snapshots_per_run=keep)])
+    agent = Agent(
+        FunctionModel(model), name="mover", capabilities=[StepRecorder(endpoint=endpoint, max_snapshots_per_run=keep)]
+    )
 
     @agent.tool_plain
     def echo(text: str) -> str:
