@@ -438,6 +438,17 @@ async def test_prune_works_on_the_lake_and_frees_the_run_ids(lake: Lake) -> None
     await echo_agent(third.endpoint, calls=1).run("again", run_id=run_id, conversation_id=conversation)
 
 
+def _quiet(reader: duckdb.DuckDBPyConnection, seconds: float = 2.0) -> None:
+    """Wait (up to 30 s) until no recorder has committed to the lake for `seconds`."""
+    newest = "SELECT max(snapshot_id) FROM __ducklake_metadata_lake.ducklake_snapshot"
+    deadline, last, since = time.monotonic() + 30, None, time.monotonic()
+    while time.monotonic() - since < seconds:
+        assert time.monotonic() < deadline, "the recorders kept committing"
+        if (current := reader.execute(newest).fetchone()[0]) != last:
+            last, since = current, time.monotonic()
+        time.sleep(0.2)
+
+
 async def test_small_files_stay_bounded_under_steady_ingest(lake: Lake, tmp_path: Path) -> None:
     """Every applier commit adds files; the recorders' scheduled maintenance merges them, and
     `steprec lake maintain` does it on demand."""
@@ -458,6 +469,7 @@ async def test_small_files_stay_bounded_under_steady_ingest(lake: Lake, tmp_path
         load.communicate(timeout=60)
     try:
         assert min(counts[len(counts) // 2 :]) < max(counts), counts  # merged while ingest went on
+        _quiet(reader)  # the appliers' last commits after the loads ended would add files after the merge
         done = subprocess.run(
             [sys.executable, "-m", "steprec.recorder", "lake", "maintain", "--lake", lake.catalog, "--lake-data",
              "s3://steprec/lake", "--s3-endpoint-url", lake.s3_endpoint, "--keep-seconds", "1"],
