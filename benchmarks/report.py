@@ -68,6 +68,16 @@ def _meta(record: dict[str, Any]) -> str:
     )
 
 
+def _machines(records: dict[str, dict[str, Any]]) -> str:
+    """The machine every measurement ran on; when they differ (the results are kept across runs), each with its own."""
+    ran_on: dict[str, list[str]] = {}
+    for name, record in records.items():
+        ran_on.setdefault(machine_text(record["machine"]), []).append(name)
+    if len(ran_on) <= 1:
+        return next(iter(ran_on), "no results yet")
+    return "; ".join(f"{machine} ({', '.join(names)})" for machine, names in ran_on.items())
+
+
 def placeholders(records: dict[str, dict[str, Any]], images: dict[str, tuple[str, str]]) -> dict[str, str]:
     """Every `${name}` of the template: the sections, meta lines, target tables and image links."""
     values: dict[str, str] = {}
@@ -81,8 +91,7 @@ def placeholders(records: dict[str, dict[str, Any]], images: dict[str, tuple[str
     values["all_targets"] = targets_table(
         sorted((t for r in records.values() for t in r["targets"]), key=lambda t: t["issue"])
     )
-    newest = max(records.values(), key=lambda r: r["measured_at"], default=None)
-    values["machine"] = machine_text(newest["machine"]) if newest else "no results yet"
+    values["machine"] = _machines(records)
     values |= {key: f"![{alt}]({IMAGES.name}/{file})\n" for key, (file, alt) in images.items()}
     return values
 
