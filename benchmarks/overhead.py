@@ -68,6 +68,7 @@ STEPREC = "steprec"
 ACKNOWLEDGED = "steprec-acknowledged"
 FLOOR = "two-bare-acks"
 WORK_FLOOR = "serialize-and-write"
+ACK_FLOOR = "serialize-and-ack"
 EXPORT_METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 EMPTY_EXPORT = b""  # an ExportLogsServiceRequest with no records
 STORAGE_TARGET_N, STORAGE_TARGET_BYTES = 200, 1_500_000
@@ -169,6 +170,16 @@ class BareAcknowledgements(AbstractCapability[Any]):
 _MESSAGE = TypeAdapter(ModelMessage)
 
 
+def _new_messages_json(ctx: Any, result: Any, serialised: int) -> bytes:
+    """pydantic-ai JSON of the messages from `serialised` on, and of the tool-return request pydantic-ai has not yet
+    appended: what a recorder must serialise at a settled `CallToolsNode` for its resume point to hold the tool's
+    return (pydantic-ai stamps that request when it appends it, so the next step serialises it again)."""
+    texts = [_MESSAGE.dump_json(message) for message in ctx.messages[serialised:]]
+    if isinstance(result, ModelRequestNode):
+        texts.append(_MESSAGE.dump_json(result.request))
+    return b"".join(texts)
+
+
 @dataclass
 class SerializeAndWrite(AbstractCapability[Any]):
     """Not a recorder: the work issue 18's own rule requires of any recorder before its hooks return, and
@@ -195,12 +206,25 @@ class SerializeAndWrite(AbstractCapability[Any]):
 
     async def after_node_run(self, ctx: Any, *, node: Any, result: Any) -> Any:
         if isinstance(node, CallToolsNode):
-            texts = [_MESSAGE.dump_json(message) for message in ctx.messages[self._serialised :]]
+            os.write(self._fd, _new_messages_json(ctx, result, self._serialised))
             self._serialised = len(ctx.messages)
-            if isinstance(result, ModelRequestNode):
-                texts.append(_MESSAGE.dump_json(result.request))
-            os.write(self._fd, b"".join(texts))
         return result
+
+
+@dataclass
+class SerializeAndAcknowledge(BareAcknowledgements):
+    """Not a recorder: the floor of the `acknowledged` mode's rule. At each point where that mode waits, what
+    `two-bare-acks` does, and at each settled `CallToolsNode` first the serialisation of `serialize-and-write`.
+    The Export stays empty: a recorder that also validates and logs the bytes it acknowledges can only take longer,
+    and an encoder that builds records from them can only add to the agent's time."""
+
+    _serialised: int = 0
+
+    async def after_node_run(self, ctx: Any, *, node: Any, result: Any) -> Any:
+        if isinstance(node, CallToolsNode):
+            _new_messages_json(ctx, result, self._serialised)
+            self._serialised = len(ctx.messages)
+        return await super().after_node_run(ctx, node=node, result=result)
 
 
 VARIANTS = [
@@ -219,6 +243,7 @@ VARIANTS = [
     Variant("steprec-best-effort", _steprec(delivery="best_effort")),
     Variant(FLOOR, _with_recorder(lambda endpoint, folder: [BareAcknowledgements(endpoint)])),
     Variant(WORK_FLOOR, _alone(lambda run_dir: SerializeAndWrite(run_dir / "floor.bin"))),
+    Variant(ACK_FLOOR, _with_recorder(lambda endpoint, folder: [SerializeAndAcknowledge(endpoint)])),
 ]
 
 
@@ -445,6 +470,13 @@ def targets(data: dict[str, Any]) -> list[Target]:
             + _floor_text(
                 floor.get(200),
                 f"two bare acknowledgements per step alone (`{FLOOR}`)",
+                "added",
+                unit=" ms/step",
+                signed=True,
+            )
+            + _floor_text(
+                figures(by_n[200]).get(ACK_FLOOR),
+                f"those plus the serialisation the rule needs (`{ACK_FLOOR}`)",
                 "added",
                 unit=" ms/step",
                 signed=True,
