@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from steprec.recorder.daemon.process import RecorderProcess
 from steprec.recorder.ui.serving import bind
@@ -227,6 +227,8 @@ NAMES = ["agent", "conversation", "outcome", "since", "until", "after", "snapsho
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(path="/media/{text}", segment="0/", query=[])  # an encoded slash once got a redirect to another path
+@example(path="/conversations/{text}", segment="/", query=[])
 @given(
     path=st.sampled_from(PAGES),
     segment=st.text(min_size=1, max_size=40),

@@ -128,6 +128,9 @@ def browser_app(store: DuckDBStore, *, endpoint: str, token: str | None, sql_slo
     secret = Token(token) if token else None
     middleware = [Middleware(SecurityHeaders), *([Middleware(TokenGate, token=secret)] if secret else [])]
     app = Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _refused})
+    # No path is answered with a redirect to another: Starlette would send `/media/0%2F` (a slash encoded in
+    # a stranger's segment, decoded by the router) to `/media/0`. A path no route takes is a 404 that says so.
+    app.router.redirect_slashes = False
     app.state.store = store
     app.state.endpoint = endpoint
     app.state.templates = _templates()
