@@ -8,8 +8,10 @@ import random
 
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
-from steprec.exporter import _records
+from steprec.exporter import _otlp, _records
 from steprec.exporter import _snapshots as snapshots_module
 from steprec.exporter._history import answer_calls
 from steprec.exporter._otlp import RequestEnvelope
@@ -130,6 +132,33 @@ def test_malformed_records_are_refused_with_a_reason(record, code) -> None:
     decoded, refusals = decode_request(_request(record))
     assert decoded == [] and [r.code for r in refusals] == [code]
     assert refusals[0].line().startswith("record 0 [")
+
+
+def test_remembered_attributes_encode_as_protobuf_does(monkeypatch) -> None:
+    """Attribute fields are remembered by value (`_otlp._recurring`): a later value equal to an earlier one
+    of another type (True and 1), a long or non-ASCII string, and a full memory must all still encode as the
+    protobuf classes would."""
+    monkeypatch.setattr(_otlp, "_recurring", {})
+    monkeypatch.setattr(_otlp, "_RECURRING_MAX", 3)
+    values = [("n", 1), ("n", True), ("n", 1), ("s", "é" * 300), ("s", "short"), ("n", -5), ("f", 0.5), ("n", 1)]
+    values += [("s", None), ("b", b"\x00\x01")]
+    record = LogRecord.FromString(_otlp.attributes(values))
+    expected = LogRecord(attributes=[KeyValue(key=k, value=_any_value(v)) for k, v in values if v is not None])
+    assert record == expected
+    assert record.SerializeToString() == _otlp.attributes(values)
+    assert len(_otlp._recurring) <= 3
+
+
+def _any_value(value: object) -> AnyValue:
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    if isinstance(value, bytes):
+        return AnyValue(bytes_value=value)
+    return AnyValue(string_value=value)
 
 
 def test_message_json_is_plain_utf8_json() -> None:

@@ -87,7 +87,10 @@ class OrderedDeliveryProcessor:
         self._envelope = envelope
         self._max_batch = max_batch
         self._linger = linger_seconds
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        """Not reentrant: nothing under it takes it again. The hooks' own paths (`emit`, `journal`) take it directly,
+        without `Condition`'s Python-level wrapper."""
+        self._cond = threading.Condition(self._lock)
         self._pending: list[Record] = []
         self._pending_bytes = 0
         self._pending_since = 0.0
@@ -127,7 +130,7 @@ class OrderedDeliveryProcessor:
         return self._journal.directory
 
     def emit(self, record: Record) -> None:
-        with self._cond:
+        with self._lock:
             if self._closed:
                 logger.warning("steprec: record emitted after shutdown was dropped: %s", record.event_name)
                 return
@@ -144,7 +147,7 @@ class OrderedDeliveryProcessor:
     def journal(self) -> Delivery:
         """Put every record emitted so far into the journal (one `write()`) and return: the records are
         then as durable as the disk, whatever happens to this process."""
-        with self._cond:
+        with self._lock:
             delivery = self._journal_pending()
             self._wake_by(self._send_after())
             return delivery

@@ -16,7 +16,7 @@ Field numbers are those of opentelemetry-proto's `logs/v1/logs.proto` and
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 _LEN, _VARINT, _I64, _I32 = 2, 0, 1, 5
 _FIXED64 = struct.Struct("<Q")
@@ -53,6 +53,7 @@ _STRING, _BOOL, _INT, _KEY, _VALUE = (
     _TAGS[2, _LEN],
 )
 _ATTRIBUTE = _TAGS[6, _LEN]
+_LOG_RECORD = _TAGS[2, _LEN]
 _keys: dict[str, bytes] = {}
 """Encoded `KeyValue.key` fields: attribute names are a small fixed vocabulary (`steprec.proto.wire`)."""
 
@@ -98,12 +99,35 @@ def key_values(values: Mapping[str, AttributeValue], *, field: int) -> bytes:
     return b"".join(length_delimited(field, _key_value(key, value)) for key, value in values.items())
 
 
-def attributes(values: Mapping[str, AttributeValue]) -> bytes:
-    """A LogRecord's attributes (its field 6), for `log_record`; a run's shared ones are encoded once."""
+def attribute(key: str, value: AttributeValue) -> bytes:
+    """One LogRecord attribute (its field 6), for `log_record`."""
+    pair = _key_value(key, value)
+    return _ATTRIBUTE + _varint(len(pair)) + pair
+
+
+_recurring: dict[tuple[str, str | int], bytes] = {}
+_RECURRING_MAX = 4096
+"""Most attributes of a run's records recur (step indexes, tool names and call ids, statuses, states): one
+dict lookup instead of an encoding is most of what building a record saves (issue 18). Bounded; emptied when full."""
+
+
+def attributes(values: Iterable[tuple[str, AttributeValue | None]]) -> bytes:
+    """LogRecord attributes, leaving out None values; string and integer ones are remembered (`_recurring`),
+    so pass values unique to one record (an idempotency key) to `attribute` instead."""
     out = []
-    for key, value in values.items():
-        pair = _key_value(key, value)
-        out.append(_ATTRIBUTE + _varint(len(pair)) + pair)
+    for key, value in values:
+        if value is None:
+            continue
+        kind = type(value)
+        if kind is not str and kind is not int:  # bool is not int here: True must not find 1's encoding
+            out.append(attribute(key, value))
+        elif (encoded := _recurring.get((key, value))) is not None:
+            out.append(encoded)
+        else:
+            if len(_recurring) >= _RECURRING_MAX:
+                _recurring.clear()
+            encoded = _recurring[key, value] = attribute(key, value)
+            out.append(encoded)
     return b"".join(out)
 
 
@@ -149,5 +173,5 @@ class RequestEnvelope:
         self._scope = length_delimited(1, scope)
 
     def request(self, records: Sequence[bytes]) -> bytes:
-        scope_logs = self._scope + b"".join(length_delimited(2, record) for record in records)
+        scope_logs = self._scope + b"".join([_LOG_RECORD + _varint(len(record)) + record for record in records])
         return length_delimited(1, self._resource + length_delimited(2, scope_logs))

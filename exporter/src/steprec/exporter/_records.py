@@ -55,16 +55,13 @@ class RunScope:
         ):
             if value is not None:
                 shared[name] = value
-        object.__setattr__(self, "_shared", _otlp.attributes(shared))
+        object.__setattr__(self, "_shared", _otlp.attributes(shared.items()))
         object.__setattr__(self, "_event_body", _otlp.any_value({wire.BODY_METADATA: dict(self.metadata)}))
 
-    def attributes(self, step_index: int, idempotency_key: str | None, extra: Mapping[str, object]) -> bytes:
+    def attributes(self, step_index: int, idempotency_key: str | None, *extra: tuple[str, object]) -> bytes:
         """This run's attributes, the record's step and key, and `extra` (None values left out), encoded."""
-        own: dict = {wire.STEP_INDEX: step_index}
-        if idempotency_key is not None:
-            own[wire.IDEMPOTENCY_KEY] = idempotency_key
-        own.update((name, value) for name, value in extra.items() if value is not None)
-        return self._shared + _otlp.attributes(own)
+        key = _otlp.attribute(wire.IDEMPOTENCY_KEY, idempotency_key) if idempotency_key is not None else b""
+        return self._shared + key + _otlp.attributes(((wire.STEP_INDEX, step_index), *extra))
 
 
 @dataclass(frozen=True)
@@ -79,8 +76,8 @@ class ErrorText:
         return cls(type(error).__qualname__, repr(error))
 
 
-def _error_attributes(error: ErrorText | None) -> dict[str, str]:
-    return {wire.ERROR_TYPE: error.type, wire.ERROR_MESSAGE: error.text} if error is not None else {}
+def _error_attributes(error: ErrorText | None) -> tuple[tuple[str, str], ...]:
+    return ((wire.ERROR_TYPE, error.type), (wire.ERROR_MESSAGE, error.text)) if error is not None else ()
 
 
 def _record(
@@ -127,15 +124,13 @@ def step_event(
     attributes = scope.attributes(
         step_index,
         idempotency_key,
-        {
-            wire.TOOL_CALL_ID: tool_call_id,
-            wire.TOOL_NAME: tool_name,
-            wire.REGISTRATION_ID: registration_id,
-            wire.MAX_SNAPSHOTS: max_snapshots,
-            wire.FORKED_FROM_RUN_ID: forked_from[0] if forked_from else None,
-            wire.FORKED_FROM_SNAPSHOT: forked_from[1] if forked_from else None,
-            **_error_attributes(error),
-        },
+        (wire.TOOL_CALL_ID, tool_call_id),
+        (wire.TOOL_NAME, tool_name),
+        (wire.REGISTRATION_ID, registration_id),
+        (wire.MAX_SNAPSHOTS, max_snapshots),
+        (wire.FORKED_FROM_RUN_ID, forked_from[0] if forked_from else None),
+        (wire.FORKED_FROM_SNAPSHOT, forked_from[1] if forked_from else None),
+        *_error_attributes(error),
     )
     return _record(
         wire.EVENT_PREFIX + kind, attributes, scope._event_body, error=error is not None, at_unix_nano=at_unix_nano
@@ -165,12 +160,10 @@ def snapshot(
     attributes = scope.attributes(
         step_index,
         idempotency_key,
-        {
-            wire.SNAPSHOT_INDEX: snapshot_index,
-            wire.SNAPSHOT_STATE: state,
-            wire.SNAPSHOT_KEEP: keep,
-            wire.SNAPSHOT_BASE_INDEX: base_index,
-        },
+        (wire.SNAPSHOT_INDEX, snapshot_index),
+        (wire.SNAPSHOT_STATE, state),
+        (wire.SNAPSHOT_KEEP, keep),
+        (wire.SNAPSHOT_BASE_INDEX, base_index),
     )
     body = _otlp.any_value({wire.BODY_APPEND_REFS: append_refs, wire.BODY_MESSAGES: new_messages})
     return _record(wire.SNAPSHOT, attributes, body, at_unix_nano=at_unix_nano)
@@ -197,12 +190,10 @@ def tool_effect(
     attributes = scope.attributes(
         step_index,
         record_key,
-        {
-            wire.EFFECT_STATUS: status,
-            wire.TOOL_CALL_ID: tool_call_id,
-            wire.TOOL_NAME: tool_name,
-            **_error_attributes(error),
-        },
+        (wire.EFFECT_STATUS, status),
+        (wire.TOOL_CALL_ID, tool_call_id),
+        (wire.TOOL_NAME, tool_name),
+        *_error_attributes(error),
     )
     body: dict[str, str] = {}
     if idempotency_key is not None:
@@ -219,7 +210,9 @@ def message_fragment(scope: RunScope, *, step_index: int, digest: str, index: in
     attributes = scope.attributes(
         step_index,
         f"fragment:{digest}:{index}",
-        {wire.FRAGMENT_DIGEST: digest, wire.FRAGMENT_INDEX: index, wire.FRAGMENT_COUNT: count},
+        (wire.FRAGMENT_DIGEST, digest),
+        (wire.FRAGMENT_INDEX, index),
+        (wire.FRAGMENT_COUNT, count),
     )
     return _record(wire.MESSAGE_FRAGMENT, attributes, _otlp.any_value({wire.BODY_FRAGMENT_DATA: data}))
 
