@@ -235,6 +235,19 @@ def test_unnumbered_keys_suppress_only_while_retained(store: DuckDBStore) -> Non
     assert suppressed == 1
 
 
+def test_unnumbered_keys_stop_suppressing_once_their_snapshot_is_pruned(tmp_path: Path) -> None:
+    store = DuckDBStore(tmp_path / "steprec.duckdb", max_snapshots_per_run=1)
+    messages = [_message(i) for i in range(4)]
+    for index, key in enumerate(["alpha", "beta", "gamma"]):
+        _, suppressed = store.ingest([_keyed_snapshot(index, key, messages[: index + 1])])
+        assert suppressed == 0
+    _, suppressed = store.ingest([_keyed_snapshot(3, "gamma", messages[:4])])  # retained: a replay
+    assert suppressed == 1
+    _, suppressed = store.ingest([_keyed_snapshot(3, "alpha", messages[:4])])  # pruned: a new snapshot
+    assert suppressed == 0
+    store.close()
+
+
 def test_retention_stays_bounded_under_concurrent_saves(tmp_path: Path) -> None:
     import threading
 

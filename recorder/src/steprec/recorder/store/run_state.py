@@ -35,6 +35,9 @@ class RunState:
     effect_keys: set[str] = field(default_factory=set)
     retained: list[tuple[int, str, str | None]] = field(default_factory=list)
     """`(write_seq, state, key)` of the run's retained snapshots, oldest first."""
+    retained_keys: dict[str, int] = field(default_factory=dict)
+    """How many of `retained` carry each key. Every new snapshot asks whether its key is retained; scanning
+    `retained` for it made a run's snapshots cost the recorder the square of their number."""
     high_water: int | None = None
     high_water_keys: set[str] = field(default_factory=set)
     last_index: int | None = None
@@ -73,6 +76,8 @@ class RunState:
             self.note_snapshot_key(key)
         self.retained.append(entry := (write_seq, snapshot_state, key))
         self._retained_bytes += _entry_bytes(entry)
+        if key is not None:
+            self.retained_keys[key] = self.retained_keys.get(key, 0) + 1
         if not self.max_snapshots or len(self.retained) <= self.max_snapshots:
             return []
         keep = retained_snapshots(self.retained, self.max_snapshots)
@@ -83,13 +88,18 @@ class RunState:
     def set_retained(self, entries: list[tuple[int, str, str | None]]) -> None:
         self.retained = entries
         self._retained_bytes = sum(map(_entry_bytes, entries))
+        self.retained_keys = {}
+        for _, _, key in entries:
+            if key is not None:
+                self.retained_keys[key] = self.retained_keys.get(key, 0) + 1
 
     def memory_bytes(self) -> int:
         """What the state holds, as `sys.getsizeof` counts it, in time independent of the run's length.
 
         The digests of `last_refs` are among `known_digests`, counted there once.
         """
-        containers = (self.event_keys, self.effect_keys, self.known_digests, self.high_water_keys, self.retained)
+        containers = (self.event_keys, self.effect_keys, self.known_digests, self.high_water_keys, self.retained,
+                      self.retained_keys)  # fmt: skip
         return (
             sys.getsizeof(self)
             + sum(map(sys.getsizeof, containers))
@@ -113,7 +123,7 @@ class RunState:
             and self.high_water is not None
             and (sequence < self.high_water or (sequence == self.high_water and key in self.high_water_keys))
         )
-        return at_or_below_mark or any(retained_key == key for _, _, retained_key in self.retained)
+        return at_or_below_mark or key in self.retained_keys
 
     def note_snapshot_key(self, key: str) -> None:
         sequence = snapshot_key_sequence(key)

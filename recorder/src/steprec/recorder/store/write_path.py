@@ -537,7 +537,9 @@ class WritePath:
             message_count=len(refs),
         )
         request.batch.pruned.extend(state.retain(write_seq, record.state, key))
-        state.known_digests.update(refs)
+        # The base's references are known already when it is the run's last snapshot: adding them again made a
+        # run's snapshots cost the square of its length.
+        state.known_digests.update(record.append_refs if base is state.last_refs else refs)
         state.last_index, state.last_refs = record.snapshot_index, refs
         state.chain_depth = 0 if store_full else state.chain_depth + 1
         return True
