@@ -106,6 +106,30 @@ def test_snapshots_are_deltas_and_send_each_message_once() -> None:
     assert third.keep == 2 and len(third.new_messages) == 1
 
 
+def test_a_folded_request_is_replaced_by_its_final_form_and_the_run_end_sees_whether_anything_changed() -> None:
+    """The tool-return request folded in ahead of the graph is keyed, not kept: the next snapshot keeps
+    everything before it and sends the request as pydantic-ai stamped it; `is_previous` (the run's end) tells
+    an unchanged history from one edited in place."""
+    encoder = SnapshotEncoder()
+    history = _history(1)
+    response = ModelResponse(parts=[ToolCallPart("echo", {"n": 1}, tool_call_id="c1")])
+    folded = ModelRequest(parts=[ToolReturnPart("echo", "r1", tool_call_id="c1")])
+    history.append(response)
+    first = encoder.encode(encoder.keyed(history, provisional=[folded]))
+    assert (first.keep, len(first.new_messages), first.history.settled) == (0, 5, True)
+    encoder.commit(0, first)
+    stamped = ModelRequest(parts=[ToolReturnPart("echo", "r1", tool_call_id="c1")], run_id="stamped")
+    history.append(stamped)
+    history.append(ModelResponse(parts=[TextPart("done")]))
+    second = encoder.encode(encoder.keyed(history))
+    assert (second.base_index, second.keep, len(second.new_messages)) == (0, 4, 2)
+    assert second.refs == SnapshotEncoder().keyed(history).refs
+    encoder.commit(1, second)
+    assert encoder.is_previous(encoder.keyed(history, fresh=True))
+    history[1].parts[0].args = {"n": "edited"}
+    assert not encoder.is_previous(encoder.keyed(history, fresh=True))
+
+
 def test_snapshot_round_trip() -> None:
     encoder = SnapshotEncoder()
     delta = encoder.encode(encoder.keyed(_history(1)))
@@ -194,7 +218,7 @@ def test_keyed_history_walks_only_new_messages_and_agrees_with_a_full_walk(monke
         answered = call if answer == "return" else f"ghost{step}"
         request = ModelRequest(parts=[ToolReturnPart("echo", "r", tool_call_id=answered)])
         before = serialised
-        folded = encoder.keyed([*history, request], provisional=1)
+        folded = encoder.keyed(history, provisional=[request])
         # The new response, the provisional request, and last step's request (provisional then): never the history.
         assert serialised - before <= 3
         expected = SnapshotEncoder().keyed([*history, request], fresh=True)

@@ -549,7 +549,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
         rewrote messages in place (same length, new content) is caught too.
         """
         history = self._encoder.keyed(result.all_messages(), fresh=True)
-        if history.refs != self._encoder.previous_refs and history.settled:
+        if history.settled and not self._encoder.is_previous(history):
             step = self._last_snapshot[1] if self._last_snapshot is not None else ctx.run_step
             await self._save_snapshot(ctx, history, step)
         await self._record_event(ctx, "run_completed", wait="end")
@@ -701,7 +701,7 @@ class StepRecorder(AbstractCapability[AgentDepsT]):
             await self._save_snapshot(ctx, self._encoder.keyed(ctx.messages), ctx.run_step)
         if isinstance(node, CallToolsNode):
             if isinstance(result, ModelRequestNode):
-                history = self._encoder.keyed([*ctx.messages, result.request], provisional=1)
+                history = self._encoder.keyed(ctx.messages, provisional=[result.request])
             else:
                 history = self._encoder.keyed(ctx.messages)
             if history.settled:

@@ -10,6 +10,7 @@ identity comparison of the history with the one seen before.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
@@ -28,16 +29,13 @@ class SnapshotDelta:
     keep: int
     append_refs: bytes
     new_messages: list[str]
-    refs: tuple[bytes, ...]
+    history: Keyed
+    appended: list[bytes]
+    """The references after the first `keep`, which `append_refs` joins."""
 
-
-@dataclass(frozen=True)
-class Keyed:
-    """A history with each message's digest and JSON, and whether all its tool work is settled."""
-
-    refs: tuple[bytes, ...]
-    texts: tuple[str, ...]
-    settled: bool
+    @property
+    def refs(self) -> tuple[bytes, ...]:
+        return self.history.refs
 
 
 def _key(message: ModelMessage) -> tuple[bytes, str]:
@@ -46,7 +44,7 @@ def _key(message: ModelMessage) -> tuple[bytes, str]:
 
 
 def _fold(
-    messages: list[ModelMessage],
+    messages: Sequence[ModelMessage],
     refs: list[bytes],
     texts: list[str],
     open_calls: set[str] | None,
@@ -67,7 +65,11 @@ def _fold(
 class _Scanned:
     """The settled history the last call walked: its message objects (held, so they stay what they
     were), their keys, and the tool calls still open after them (None once one was answered that
-    was never made: no extension of such a history is settled)."""
+    was never made: no extension of such a history is settled).
+
+    Its lists only ever grow (a rewritten history starts a new `_Scanned`), so a `Keyed` can hold
+    their first n entries as a view instead of a copy.
+    """
 
     messages: list[ModelMessage] = field(default_factory=list)
     refs: list[bytes] = field(default_factory=list)
@@ -85,71 +87,119 @@ class _Scanned:
         return {id(m): key for m, key in zip(self.messages, zip(self.refs, self.texts, strict=True), strict=True)}
 
 
+@dataclass(frozen=True)
+class Keyed:
+    """A history with each message's digest and JSON, and whether all its tool work is settled.
+
+    The settled messages are the first `count` of a scan, held as a view (its lists only grow, so later
+    calls cannot change what this holds); the provisional ones follow in `tail_*`. Copying the history's
+    keys instead cost every step time in the length of the run.
+    """
+
+    scan: _Scanned
+    count: int
+    tail_refs: tuple[bytes, ...]
+    tail_texts: tuple[str, ...]
+    settled: bool
+
+    def __len__(self) -> int:
+        return self.count + len(self.tail_refs)
+
+    def refs_from(self, start: int) -> list[bytes]:
+        return self.scan.refs[start : self.count] + list(self.tail_refs[max(start - self.count, 0) :])
+
+    def texts_from(self, start: int) -> list[str]:
+        return self.scan.texts[start : self.count] + list(self.tail_texts[max(start - self.count, 0) :])
+
+    @property
+    def refs(self) -> tuple[bytes, ...]:
+        return tuple(self.refs_from(0))
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return tuple(self.texts_from(0))
+
+    def common_prefix(self, other: Keyed) -> int:
+        """How many leading references this history shares with `other`: in the time their difference
+        takes when both are views of one scan, else in the time of their length."""
+        shared = min(self.count, other.count) if other.scan is self.scan else 0
+        mine, theirs = self.refs_from(shared), other.refs_from(shared)
+        differ = (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b)
+        return shared + next(differ, min(len(mine), len(theirs)))
+
+
 @dataclass
 class SnapshotEncoder:
     """Per-run state that turns message lists into `SnapshotDelta`s."""
 
     _scanned: _Scanned = field(default_factory=_Scanned)
     _sent: set[bytes] = field(default_factory=set)
-    _previous_refs: tuple[bytes, ...] = ()
+    _previous: Keyed | None = None
     _previous_index: int | None = None
 
-    def keyed(self, messages: list[ModelMessage], *, fresh: bool = False, provisional: int = 0) -> Keyed:
-        """Digest, JSON and settledness of `messages`, walking only what was not walked before.
+    def keyed(
+        self, messages: list[ModelMessage], *, fresh: bool = False, provisional: Sequence[ModelMessage] = ()
+    ) -> Keyed:
+        """Digest, JSON and settledness of `messages` followed by `provisional`, walking only what was not
+        walked before.
 
-        `fresh` walks everything again, to catch messages edited in place. The last `provisional`
-        messages are not in the run's history yet (a tool-return request folded in ahead of the
-        graph) and pydantic-ai still stamps them when it appends them, so they are keyed without
-        being kept: the next call sees their final content.
+        `fresh` walks everything again, to catch messages edited in place. `provisional` messages are
+        not in the run's history yet (a tool-return request folded in ahead of the graph) and
+        pydantic-ai still stamps them when it appends them, so they are keyed without being kept:
+        the next call sees their final content.
         """
-        settled = len(messages) - provisional
         known: dict[int, tuple[bytes, str]] = {}
-        if fresh or not (done := self._scanned.shared_prefix(messages[:settled])):
+        if fresh or not (done := self._scanned.shared_prefix(messages)):
             if not fresh:  # rewritten (a history processor, say): messages kept from before need no new JSON
                 known = self._scanned.by_identity()
             self._scanned, done = _Scanned(), 0
         scanned = self._scanned
-        scanned.messages += messages[done:settled]
-        scanned.open_calls = _fold(messages[done:settled], scanned.refs, scanned.texts, scanned.open_calls, known)
-        refs, texts, open_calls = list(scanned.refs), list(scanned.texts), scanned.open_calls
-        if provisional and open_calls is not None:
-            open_calls = set(open_calls)
-        open_calls = _fold(messages[settled:], refs, texts, open_calls, {})
-        return Keyed(tuple(refs), tuple(texts), settled=open_calls is not None and not open_calls)
+        scanned.messages += messages[done:]
+        scanned.open_calls = _fold(messages[done:], scanned.refs, scanned.texts, scanned.open_calls, known)
+        open_calls = scanned.open_calls
+        tail_refs: list[bytes] = []
+        tail_texts: list[str] = []
+        if provisional:
+            open_calls = _fold(
+                provisional, tail_refs, tail_texts, set(open_calls) if open_calls is not None else None, {}
+            )
+        return Keyed(
+            scanned, len(scanned.refs), tuple(tail_refs), tuple(tail_texts), open_calls is not None and not open_calls
+        )
 
-    @property
-    def previous_refs(self) -> tuple[bytes, ...]:
-        return self._previous_refs
+    def is_previous(self, keyed: Keyed) -> bool:
+        """Whether `keyed` holds the same references as the last snapshot committed."""
+        previous = self._previous
+        if previous is None:
+            return not len(keyed)
+        return len(previous) == len(keyed) == keyed.common_prefix(previous)
 
     def encode(self, keyed: Keyed) -> SnapshotDelta:
         """The delta of a keyed history against the previous snapshot; call `commit` once it is emitted."""
-        refs, previous = keyed.refs, self._previous_refs
-        if self._previous_index is None:
-            keep = 0
-        elif refs[: len(previous)] == previous:
-            keep = len(previous)
-        else:
-            keep = next((i for i, (a, b) in enumerate(zip(previous, refs, strict=False)) if a != b), len(refs))
+        previous = self._previous
+        keep = keyed.common_prefix(previous) if self._previous_index is not None and previous is not None else 0
+        appended = keyed.refs_from(keep)
         new_messages = []
         announced = set()
-        for digest, text in zip(refs[keep:], keyed.texts[keep:], strict=True):
+        for digest, text in zip(appended, keyed.texts_from(keep), strict=True):
             if digest not in self._sent and digest not in announced:
                 announced.add(digest)
                 new_messages.append(text)
         return SnapshotDelta(
             base_index=self._previous_index if keep else None,
             keep=keep,
-            append_refs=b"".join(refs[keep:]),
+            append_refs=b"".join(appended),
             new_messages=new_messages,
-            refs=refs,
+            history=keyed,
+            appended=appended,
         )
 
     def forget(self) -> None:
         """Assume the recorder holds nothing of this run: the next delta is whole, with every message."""
         self._sent.clear()
-        self._previous_refs, self._previous_index = (), None
+        self._previous, self._previous_index = None, None
 
     def commit(self, snapshot_index: int, delta: SnapshotDelta) -> None:
-        self._sent.update(delta.refs[delta.keep :])
-        self._previous_refs = delta.refs
+        self._sent.update(delta.appended)
+        self._previous = delta.history
         self._previous_index = snapshot_index

@@ -297,7 +297,7 @@ class RecorderStepStore(AsyncClosing):
             snapshot_index = state.index_for(key)
             replay = state.may_be_replay(key)
             # The harness hands over deep copies, so keeping serialisations by identity would only hold memory.
-            history = state.encoder.keyed(snapshot.messages, provisional=len(snapshot.messages))
+            history = state.encoder.keyed([], provisional=snapshot.messages)
             for attempt in range(2):
                 delta = state.encoder.encode(history)
                 inline, fragments = _records.split_large_messages(
