@@ -53,7 +53,6 @@ _STRING, _BOOL, _INT, _KEY, _VALUE = (
     _TAGS[2, _LEN],
 )
 _ATTRIBUTE = _TAGS[6, _LEN]
-_LOG_RECORD = _TAGS[2, _LEN]
 _keys: dict[str, bytes] = {}
 """Encoded `KeyValue.key` fields: attribute names are a small fixed vocabulary (`steprec.proto.wire`)."""
 
@@ -173,5 +172,5 @@ class RequestEnvelope:
         self._scope = length_delimited(1, scope)
 
     def request(self, records: Sequence[bytes]) -> bytes:
-        scope_logs = self._scope + b"".join([_LOG_RECORD + _varint(len(record)) + record for record in records])
+        scope_logs = self._scope + b"".join(length_delimited(2, record) for record in records)
         return length_delimited(1, self._resource + length_delimited(2, scope_logs))

@@ -30,8 +30,6 @@ class SnapshotDelta:
     append_refs: bytes
     new_messages: list[str]
     history: Keyed
-    appended: list[bytes]
-    """The references after the first `keep`, which `append_refs` joins."""
 
     @property
     def refs(self) -> tuple[bytes, ...]:
@@ -177,7 +175,7 @@ class SnapshotEncoder:
     def encode(self, keyed: Keyed) -> SnapshotDelta:
         """The delta of a keyed history against the previous snapshot; call `commit` once it is emitted."""
         previous = self._previous
-        keep = keyed.common_prefix(previous) if self._previous_index is not None and previous is not None else 0
+        keep = keyed.common_prefix(previous) if previous is not None else 0
         appended = keyed.refs_from(keep)
         new_messages = []
         announced = set()
@@ -191,7 +189,6 @@ class SnapshotEncoder:
             append_refs=b"".join(appended),
             new_messages=new_messages,
             history=keyed,
-            appended=appended,
         )
 
     def forget(self) -> None:
@@ -200,6 +197,6 @@ class SnapshotEncoder:
         self._previous, self._previous_index = None, None
 
     def commit(self, snapshot_index: int, delta: SnapshotDelta) -> None:
-        self._sent.update(delta.appended)
+        self._sent.update(delta.history.refs_from(delta.keep))
         self._previous = delta.history
         self._previous_index = snapshot_index
