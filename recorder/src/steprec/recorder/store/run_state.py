@@ -4,6 +4,7 @@ and the budget that bounds how many runs' state is kept in memory."""
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ class RunState:
     effect_keys: set[str] = field(default_factory=set)
     retained: list[tuple[int, str, str | None]] = field(default_factory=list)
     """`(write_seq, state, key)` of the run's retained snapshots, oldest first."""
-    retained_keys: dict[str, int] = field(default_factory=dict)
+    retained_keys: Counter[str] = field(default_factory=Counter)
     """How many of `retained` carry each key. Every new snapshot asks whether its key is retained; scanning
     `retained` for it made a run's snapshots cost the recorder the square of their number."""
     high_water: int | None = None
@@ -77,7 +78,7 @@ class RunState:
         self.retained.append(entry := (write_seq, snapshot_state, key))
         self._retained_bytes += _entry_bytes(entry)
         if key is not None:
-            self.retained_keys[key] = self.retained_keys.get(key, 0) + 1
+            self.retained_keys[key] += 1
         if not self.max_snapshots or len(self.retained) <= self.max_snapshots:
             return []
         keep = retained_snapshots(self.retained, self.max_snapshots)
@@ -88,10 +89,7 @@ class RunState:
     def set_retained(self, entries: list[tuple[int, str, str | None]]) -> None:
         self.retained = entries
         self._retained_bytes = sum(map(_entry_bytes, entries))
-        self.retained_keys = {}
-        for _, _, key in entries:
-            if key is not None:
-                self.retained_keys[key] = self.retained_keys.get(key, 0) + 1
+        self.retained_keys = Counter(key for _, _, key in entries if key is not None)
 
     def memory_bytes(self) -> int:
         """What the state holds, as `sys.getsizeof` counts it, in time independent of the run's length.
