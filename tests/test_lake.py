@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -33,6 +34,7 @@ from steprec.query import (
     fork_run,
 )
 from steprec.recorder.daemon.process import RecorderProcess
+from steprec.recorder.lake.retry import on_conflict
 
 from .agents import echo_agent, tool_returns
 from .crash_agent import eventually
@@ -65,16 +67,20 @@ class Lake:
     def plain_duckdb(self) -> duckdb.DuckDBPyConnection:
         """The lake attached the way docs/lake.md shows, in plain DuckDB: no steprec code. The docs' INSTALL lines
         fetch the extensions from the network; here they come from the PyPI wheels the recorder uses."""
-        connection = duckdb.connect(config={"autoinstall_known_extensions": "false",
-                                            "extension_directory": str(self.folder / "plain-extensions")})  # fmt: skip
-        for package in ("ducklake", "postgres", "httpfs"):
-            found = importlib.util.find_spec(f"duckdb_extension_{package}").submodule_search_locations[0]
-            connection.execute(f"INSTALL '{next(Path(found).rglob('*.duckdb_extension'))}'")
+        connection = self.duckdb_with_extensions()
         endpoint = self.s3_endpoint.removeprefix("http://")
         for statement in _docs_sql().split(";"):
             statement = statement.strip().replace(DOCS_CATALOG, self.catalog).replace(DOCS_ENDPOINT, endpoint)
             if statement.startswith(("ATTACH", "CREATE SECRET", "LOAD")):
                 connection.execute(statement.replace("'minio'", "'testing'"))
+        return connection
+
+    def duckdb_with_extensions(self) -> duckdb.DuckDBPyConnection:
+        connection = duckdb.connect(config={"autoinstall_known_extensions": "false",
+                                            "extension_directory": str(self.folder / "plain-extensions")})  # fmt: skip
+        for package in ("ducklake", "postgres", "httpfs"):
+            found = importlib.util.find_spec(f"duckdb_extension_{package}").submodule_search_locations[0]
+            connection.execute(f"INSTALL '{next(Path(found).rglob('*.duckdb_extension'))}'")
         return connection
 
     def recorder(self, name: str, listen: str = "127.0.0.1:0") -> RecorderProcess:
@@ -436,6 +442,50 @@ async def test_prune_works_on_the_lake_and_frees_the_run_ids(lake: Lake) -> None
         await _seen_within(gone)
     # Pruned, its id may be registered again (as in file mode), through any recorder.
     await echo_agent(third.endpoint, calls=1).run("again", run_id=run_id, conversation_id=conversation)
+
+
+def test_a_commit_postgresql_ends_as_a_deadlock_is_redone_whole(lake: Lake) -> None:
+    """A prune's deletes of inlined catalog rows once deadlocked with another recorder's round (CI, stop 35):
+    PostgreSQL rolls one back with "deadlock detected", a lost race like any other, so `on_conflict` redoes it.
+    Two real transactions through DuckDB's postgres extension take two rows in opposite orders."""
+    connections = [lake.duckdb_with_extensions() for _ in range(2)]
+    for connection in connections:
+        connection.execute("LOAD postgres")
+        connection.execute(f"ATTACH '{lake.catalog.removeprefix('postgres:')}' AS pg (TYPE postgres)")
+    table = f"pg.public.deadlock_{uuid.uuid4().hex[:8]}"
+    connections[0].execute(f"CREATE TABLE {table} (id INTEGER, bumps INTEGER)")
+    connections[0].execute(f"INSERT INTO {table} VALUES (1, 0), (2, 0)")
+    both_hold_their_first_row, attempts = threading.Barrier(2, timeout=30), [0, 0]
+
+    def bump_both(which: int) -> None:
+        connection, order = connections[which], (1, 2) if which == 0 else (2, 1)
+
+        def attempt() -> None:
+            attempts[which] += 1
+            connection.execute("BEGIN")
+            try:
+                connection.execute(f"UPDATE {table} SET bumps = bumps + 1 WHERE id = {order[0]}")
+                if attempts[which] == 1:
+                    both_hold_their_first_row.wait()
+                connection.execute(f"UPDATE {table} SET bumps = bumps + 1 WHERE id = {order[1]}")
+                connection.execute("COMMIT")
+            except duckdb.Error:
+                connection.execute("ROLLBACK")
+                raise
+
+        on_conflict(attempt)
+
+    try:
+        workers = [threading.Thread(target=bump_both, args=(which,)) for which in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+        assert sorted(attempts) == [1, 2], attempts  # PostgreSQL rolled one back; it was redone once
+        assert connections[0].execute(f"SELECT id, bumps FROM {table} ORDER BY id").fetchall() == [(1, 2), (2, 2)]
+    finally:
+        for connection in connections:
+            connection.close()
 
 
 def _quiet(reader: duckdb.DuckDBPyConnection, seconds: float = 2.0) -> None:

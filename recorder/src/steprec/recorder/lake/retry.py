@@ -14,9 +14,11 @@ T = TypeVar("T")
 CONFLICT_ATTEMPTS = 20
 
 
-LOST_RACE = ("transaction conflict", "ducklake_snapshot_pkey", "could not serialize access")
+LOST_RACE = ("transaction conflict", "ducklake_snapshot_pkey", "could not serialize access", "deadlock detected")
 """How a lost commit race reads: DuckLake's own conflict check; two commits taking the same next snapshot id in
-the catalog; PostgreSQL refusing a concurrent update of the same catalog row."""
+the catalog; PostgreSQL refusing a concurrent update of the same catalog row; PostgreSQL aborting one of two
+commits that each wait on rows the other updates (a prune's deletes of inlined rows against another recorder's
+round), which it ends by rolling that one back."""
 
 
 def is_conflict(error: BaseException) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 
 from ..daemon.metrics import MemoryUse, Metrics
@@ -21,9 +22,9 @@ from ..lake.leases import ConversationLeases
 from ..lake.location import LakeLocation
 from ..lake.maintenance import LakeMaintainer
 from ..lake.opening import open_lake
-from ..lake.retry import on_conflict
+from ..lake.retry import CONFLICT_ATTEMPTS, is_conflict, on_conflict
 from ..querier.sql import install_views, lock_down
-from .applier import Applier
+from .applier import Applier, StoreUnavailable
 from .browse import BrowseReads
 from .connection import DEFAULT_MEMORY_LIMIT_MIB, fetch_one, open_database
 from .conversations import ConversationWrites, list_summaries, read_head
@@ -143,7 +144,12 @@ class DuckDBStore(BrowseReads):
             with self._connection.cursor() as cursor:
                 return prune_runs(cursor, self._media.store, on_committed=forget, collect_messages=False, **matching)
 
-        return on_conflict(attempt)
+        try:
+            return on_conflict(attempt)
+        except duckdb.Error as error:
+            if not is_conflict(error):
+                raise
+            raise StoreUnavailable(f"the prune lost {CONFLICT_ATTEMPTS} commit races with other recorders") from error
 
     def get_conversation(self, conversation_id: str) -> tuple[dict, bytes] | None:
         """A conversation's summary and its messages' digests, or None."""
