@@ -838,8 +838,8 @@ def soak(
     `GAUGE_SAMPLE_SECONDS`. Its memory budget (DuckDB, message cache, run state) is set small
     enough for each part to fill within the run's first half, so the samples show where its memory levels
     off: DuckDB's pool keeps the pages its checkpoints write, about 6.5 MiB a minute here, so 128 MiB filled
-    only after 20-22 minutes and 64 fills by about minute 10. Afterwards every record each process sent is
-    counted in the recorder.
+    only after 20-22 minutes; 64 was at its bound from the second tenth. Afterwards every record each process
+    sent is counted in the recorder.
     """
     from steprec.recorder.daemon.process import RecorderProcess
 
