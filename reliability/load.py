@@ -489,11 +489,10 @@ def _rows_and_records(endpoint: str, view: str, key: str, where: str) -> tuple[i
     `run_id`: a record never spans two slices)."""
     rows = records = 0
     for part in range(COUNT_SLICES):
-        row = _sql(
+        row = _sql(  # one scan: the rows are the groups' sizes added up, the records the groups
             endpoint,
-            f"SELECT (SELECT count(*) FROM {view} WHERE {where} AND hash(run_id) % {COUNT_SLICES} = {part}) AS n,"
-            f" (SELECT count(*) FROM (SELECT DISTINCT {key} FROM {view}"
-            f" WHERE {where} AND hash(run_id) % {COUNT_SLICES} = {part})) AS d",
+            f"SELECT coalesce(sum(copies), 0)::BIGINT AS n, count(*) AS d FROM (SELECT count(*) AS copies FROM {view}"
+            f" WHERE {where} AND hash(run_id) % {COUNT_SLICES} = {part} GROUP BY {key})",
         )
         rows, records = rows + row["n"], records + row["d"]
     return rows, records
